@@ -1,0 +1,1 @@
+"""Thin click commands: parse, call one function, print, map errors to exit codes."""

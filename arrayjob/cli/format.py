@@ -1,0 +1,35 @@
+"""Human-readable figures for the terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def summary(outcome: Any) -> str:
+    """The few lines `arrayjob run` prints when it finishes."""
+    spec = outcome.spec
+    if outcome.skipped:
+        m = outcome.manifest
+        return (f"{spec.name}: already complete at {spec.output} "
+                f"(run {m.get('run_id', '?')}, {m.get('committed_at', '?')}); --overwrite to run again")
+    r = outcome.report
+    stages = ", ".join(f"{s['name']} {s['wall_seconds']:.2f} s" for s in r["stages"])
+    st = r["storage"]
+    lines = [f"{spec.name}: {outcome.description}"]
+    lines += [f"  {line}" for line in outcome.result.summary]
+    lines += [
+        f"  wall {r['wall_seconds']:.2f} s: {stages}",
+        f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
+        f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
+        f"{r['tasks']['count']:,} tasks on {r['cluster']['nodes']} node(s), {r['cluster']['cpus']} CPUs",
+        f"  result: {spec.output}/result.zarr (run {outcome.manifest['run_id']})",
+    ]
+    return "\n".join(lines)

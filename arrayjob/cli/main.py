@@ -1,0 +1,114 @@
+"""The ``arrayjob`` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import click
+
+from arrayjob import __version__
+from arrayjob.errors import ArrayJobError
+
+
+def _debug(ctx: click.Context) -> bool:
+    return bool(ctx.find_root().params.get("debug")) or bool(ctx.params.get("debug"))
+
+
+debug_option = click.option("--debug", is_flag=True, help="Show tracebacks.")
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="Override a spec key, e.g. --set params.l2=0.01 (repeatable).",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="arrayjob")
+@debug_option
+def cli(debug: bool) -> None:
+    """Plan and run distributed linear-algebra ML jobs over Zarr arrays on Ray."""
+
+
+def _overrides(overrides: tuple[str, ...]) -> list[str]:
+    # RAY_ADDRESS is honoured over the spec; an explicit --set cluster.address wins over both.
+    address = os.environ.get("RAY_ADDRESS")
+    return ([f"cluster.address={json.dumps(address)}"] if address else []) + list(overrides)
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--overwrite", is_flag=True, help="Replace a complete output.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a summary.")
+@debug_option
+def run(spec: str, overrides: tuple[str, ...], overwrite: bool, as_json: bool, debug: bool) -> None:
+    """Run the job in SPEC and publish its result, report and _SUCCESS."""
+    from arrayjob import runner
+    from arrayjob.cli.format import summary
+    from arrayjob.spec import load_spec
+
+    job = load_spec(spec, _overrides(overrides))
+    outcome = runner.run(job, overwrite=overwrite)
+    if as_json:
+        document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
+        click.echo(json.dumps(document, indent=2))
+    else:
+        click.echo(summary(outcome))
+
+
+@cli.command()
+@click.argument("algorithm")
+@click.argument("uri")
+@click.option("--rows", type=int, default=200_000, show_default=True)
+@click.option("--cols", type=int, default=32, show_default=True)
+@click.option("--chunk-rows", type=int, default=25_000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@debug_option
+def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, seed: int, debug: bool) -> None:
+    """Write demo input arrays for ALGORITHM under URI (Zarr v3)."""
+    from arrayjob.cli.format import size
+    from arrayjob.datagen import DatagenRequest, generate
+    from arrayjob.io.storage import StorageOptions, parse_uri
+
+    location = parse_uri(uri, key="URI")
+    counters = generate(algorithm, DatagenRequest(location, rows, cols, chunk_rows, seed, StorageOptions()))
+    click.echo(f"wrote {algorithm} demo data to {location}: {size(counters.bytes_written)} "
+               f"in {counters.put_requests:,} requests")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one line per error, the exit code of its class, tracebacks only with --debug."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        cli.main(args=args, prog_name="arrayjob", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("arrayjob: interrupted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("arrayjob: interrupted", err=True)
+        return 130
+    except ArrayJobError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"arrayjob: error: {exc}", err=True)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - a bug: say so in one line, details with --debug
+        if debug:
+            traceback.print_exc()
+        click.echo(f"arrayjob: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", err=True)
+        return 1
+    return 0
+
+
+def entry_point() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry_point()

@@ -1,0 +1,45 @@
+"""The one exception hierarchy. Each class carries the exit code the CLI returns for it.
+
+Exit codes (documented in README.md):
+  0  success, or the output was already complete
+  1  internal error (a bug in arrayjob)
+  2  bad spec or bad input (malformed spec, missing/corrupt array, mismatched shapes, NaN data)
+  3  the estimated cost exceeds --max-cost
+  4  storage failure while running (output not writable, a request failed after retries)
+  5  the Ray cluster could not be reached or started
+  130 interrupted
+"""
+
+from __future__ import annotations
+
+
+class ArrayJobError(Exception):
+    """An error a user can cause or fix; printed as one line, never with a traceback."""
+
+    exit_code = 1
+
+
+class SpecError(ArrayJobError):
+    """The job spec is malformed: unknown key, wrong type, bad value."""
+
+    exit_code = 2
+
+
+class InputError(ArrayJobError):
+    """An input array is missing, unreadable, corrupt, mis-shaped or holds invalid values."""
+
+    exit_code = 2
+
+
+class CostLimitError(ArrayJobError):
+    exit_code = 3
+
+
+class StorageError(ArrayJobError):
+    """Storage failed while running: the output could not be written, a request kept failing."""
+
+    exit_code = 4
+
+
+class ClusterError(ArrayJobError):
+    exit_code = 5

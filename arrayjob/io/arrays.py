@@ -1,0 +1,144 @@
+"""Zarr arrays by URI: metadata for the planner, block reads for the workers, writes for results.
+
+Only metadata is read on the driver (``open_array_info``); chunks are read by whichever
+process runs ``read_block``, so the driver never holds a big array.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+import zarr.errors
+
+from arrayjob.errors import InputError, StorageError
+from arrayjob.io.storage import Location, StorageCounters, StorageOptions, zarr_store
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What the planner knows of a stored array: its place, shape, dtype and storage chunks."""
+
+    name: str
+    location: Location
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    zarr_format: int
+
+    @property
+    def uri(self) -> str:
+        return str(self.location)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) < 200 else text[:197] + "..."
+
+
+def _is_storage_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the storage failing (retryable), as opposed to bad content."""
+    import botocore.exceptions
+
+    if isinstance(exc, FileNotFoundError):
+        return False
+    return isinstance(
+        exc, (ConnectionError, TimeoutError, OSError, botocore.exceptions.BotoCoreError)
+    ) or type(exc).__module__.startswith(("aiohttp", "botocore"))
+
+
+def open_array_info(name: str, location: Location, options: StorageOptions) -> ArrayInfo:
+    """Read the metadata of the array named ``name`` (``inputs.<name>`` in errors)."""
+    try:
+        array = zarr.open_array(store=zarr_store(location, options, read_only=True), mode="r")
+    except (FileNotFoundError, zarr.errors.ArrayNotFoundError, zarr.errors.NodeNotFoundError):
+        raise InputError(f"inputs.{name}: no Zarr array at {location}") from None
+    except zarr.errors.NodeTypeValidationError:
+        raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line naming the array
+        if _is_storage_failure(exc):
+            raise InputError(f"inputs.{name}: cannot read {location}: {_describe(exc)}") from None
+        raise InputError(f"inputs.{name}: {location} is not a readable Zarr array: {_describe(exc)}") from None
+    chunks = array.shards or array.chunks
+    return ArrayInfo(
+        name=name,
+        location=location,
+        shape=tuple(int(s) for s in array.shape),
+        dtype=str(array.dtype),
+        chunks=tuple(int(c) for c in chunks),
+        zarr_format=int(array.metadata.zarr_format),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _open_for_reading(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
+    # Cached per worker process: a block read costs its chunk GETs, not a metadata GET too.
+    counters = StorageCounters()
+    store = zarr_store(info.location, options, read_only=True, counters=counters)
+    return zarr.open_array(store=store, mode="r"), counters
+
+
+def read_block(
+    info: ArrayInfo, selection: tuple[slice, ...], options: StorageOptions
+) -> tuple[np.ndarray, StorageCounters]:
+    """Read ``info[selection]``; returns the block and the requests it took."""
+    try:
+        array, counters = _open_for_reading(info, options)
+        before = StorageCounters(**counters.as_dict())
+        block = np.ascontiguousarray(array[selection])
+    except Exception as exc:  # noqa: BLE001
+        _open_for_reading.cache_clear()
+        where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
+        if _is_storage_failure(exc):
+            raise StorageError(f"inputs.{info.name}: reading [{where}] of {info.uri} failed: {_describe(exc)}") from None
+        raise InputError(f"inputs.{info.name}: block [{where}] of {info.uri} is corrupt: {_describe(exc)}") from None
+    used = StorageCounters(
+        **{k: v - getattr(before, k) for k, v in counters.as_dict().items()}
+    )
+    return block, used
+
+
+def create_array(
+    location: Location,
+    options: StorageOptions,
+    *,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dtype: str,
+    counters: StorageCounters | None = None,
+) -> zarr.Array:
+    """Create (replacing) an uncompressed Zarr v3 array for writing block by block."""
+    store = zarr_store(location, options, read_only=False, counters=counters)
+    return zarr.create_array(
+        store=store, shape=shape, chunks=chunks, dtype=dtype, compressors=None, overwrite=True
+    )
+
+
+def write_group(
+    location: Location,
+    options: StorageOptions,
+    arrays: Mapping[str, np.ndarray],
+    attrs: Mapping[str, Any],
+    counters: StorageCounters | None = None,
+) -> None:
+    """Write small arrays and attributes as a Zarr v3 group at ``location``."""
+    store = zarr_store(location, options, read_only=False, counters=counters)
+    try:
+        group = zarr.open_group(store=store, mode="w", zarr_format=3, attributes=dict(attrs))
+        for name, value in arrays.items():
+            value = np.asarray(value)
+            group.create_array(name, data=value, chunks=value.shape or None)
+    except Exception as exc:  # noqa: BLE001
+        raise StorageError(f"output: writing {location} failed: {_describe(exc)}") from None

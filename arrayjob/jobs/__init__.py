@@ -1,0 +1,20 @@
+"""The algorithm catalog: one module per algorithm, registered by name."""
+
+from __future__ import annotations
+
+from arrayjob.errors import SpecError
+from arrayjob.jobs.base import Job
+from arrayjob.jobs.logreg import LogisticRegression
+
+JOBS: dict[str, type[Job]] = {job.name: job for job in (LogisticRegression,)}
+
+
+def job_names() -> list[str]:
+    return sorted(JOBS)
+
+
+def get_job(name: str) -> type[Job]:
+    try:
+        return JOBS[name]
+    except KeyError:
+        raise SpecError(f"job.algorithm: unknown algorithm {name!r} (expected one of: {', '.join(job_names())})") from None

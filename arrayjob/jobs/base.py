@@ -1,0 +1,67 @@
+"""What every job is: declared inputs and params, a shape check, and a run over an executor."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from arrayjob.errors import InputError
+from arrayjob.io.arrays import ArrayInfo
+from arrayjob.runtime.executor import Executor
+from arrayjob.runtime.metrics import RunMetrics
+
+
+@dataclass
+class JobContext:
+    """What a running job may use: the executor, the run's metrics, and the cluster's size."""
+
+    executor: Executor
+    metrics: RunMetrics
+    workers: int
+    nodes: int = 1
+
+
+@dataclass
+class JobResult:
+    """Small outputs (written to result.zarr by the driver), fit metrics, and summary lines."""
+
+    arrays: dict[str, np.ndarray]
+    attrs: dict[str, Any]
+    summary: list[str] = field(default_factory=list)
+
+
+class Job(ABC):
+    name: ClassVar[str]
+    title: ClassVar[str]
+    inputs: ClassVar[tuple[str, ...]]
+    Params: ClassVar[type]
+
+    def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo]) -> None:
+        self.params = params
+        self.arrays = dict(arrays)
+        self.check_inputs()
+
+    @abstractmethod
+    def check_inputs(self) -> None:
+        """Raise InputError naming the array when shapes or dtypes do not fit."""
+
+    @abstractmethod
+    def run(self, ctx: JobContext) -> JobResult: ...
+
+    def describe(self) -> str:
+        """One line: what this job does to what."""
+        shapes = ", ".join(f"{n} {' × '.join(f'{s:,}' for s in a.shape)}" for n, a in self.arrays.items())
+        return f"{self.title} on {shapes}"
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InputError(message)
+
+
+def require_numeric(info: ArrayInfo) -> None:
+    require(np.dtype(info.dtype).kind in "biuf", f"inputs.{info.name}: expected a numeric array, got dtype {info.dtype}")

@@ -1,0 +1,120 @@
+"""The physical plan: the tasks the runtime runs, exactly as planned.
+
+A task applies a ``Kernel`` to arguments that are blocks of stored arrays
+(``SourceBlock``), results of earlier tasks (``TaskResult``) or values the driver
+supplies at run time (``DriverValue``, e.g. the current weights). Plans are immutable
+and hashable, so iterative jobs cache them by structure and pay for planning once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from arrayjob.io.arrays import ArrayInfo
+
+
+@dataclass(frozen=True)
+class BlockGrid:
+    """How an array is cut into blocks: ``block_shape`` per axis, the last block may be short."""
+
+    shape: tuple[int, ...]
+    block_shape: tuple[int, ...]
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        return tuple(math.ceil(s / b) if s else 0 for s, b in zip(self.shape, self.block_shape, strict=True))
+
+    def indices(self) -> Iterator[tuple[int, ...]]:
+        return itertools.product(*(range(n) for n in self.grid_shape))
+
+    def selection(self, index: tuple[int, ...]) -> tuple[slice, ...]:
+        return tuple(
+            slice(i * b, min((i + 1) * b, s))
+            for i, b, s in zip(index, self.block_shape, self.shape, strict=True)
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        return math.prod(self.grid_shape)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A named block function. ``fn`` must be a module-level function (pickled by reference)."""
+
+    name: str
+    fn: Callable[..., object] = field(compare=False)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A stored input array, the grid it is read with, and a check each block must pass.
+
+    ``check(block)`` runs where the block is read and returns None or what is wrong with it.
+    """
+
+    array: ArrayInfo
+    grid: BlockGrid
+    check: Kernel | None = None
+
+
+@dataclass(frozen=True)
+class SourceBlock:
+    array: str
+    index: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task: str
+
+
+@dataclass(frozen=True)
+class DriverValue:
+    name: str
+
+
+Arg = SourceBlock | TaskResult | DriverValue
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    kernel: Kernel
+    args: tuple[Arg, ...]
+    node: int | None = None  # index into the cluster's node list; None lets Ray choose
+
+
+@dataclass(frozen=True)
+class PhysicalPlan:
+    sources: tuple[Source, ...]
+    tasks: tuple[Task, ...]  # in dependency order
+    outputs: tuple[str, ...]  # ids of the tasks whose results return to the driver
+
+    def source(self, name: str) -> Source:
+        for s in self.sources:
+            if s.array.name == name:
+                return s
+        raise KeyError(name)
+
+    def validate(self) -> None:
+        """Every argument names a source block, an earlier task or a driver value."""
+        seen: set[str] = set()
+        grids = {s.array.name: s.grid for s in self.sources}
+        for task in self.tasks:
+            for arg in task.args:
+                if isinstance(arg, TaskResult) and arg.task not in seen:
+                    raise ValueError(f"task {task.id}: argument {arg.task} is not an earlier task")
+                if isinstance(arg, SourceBlock):
+                    grid = grids.get(arg.array)
+                    if grid is None or len(arg.index) != len(grid.shape) or any(
+                        not 0 <= i < n for i, n in zip(arg.index, grid.grid_shape, strict=True)
+                    ):
+                        raise ValueError(f"task {task.id}: no block {arg.index} of {arg.array}")
+            seen.add(task.id)
+        missing = [o for o in self.outputs if o not in seen]
+        if missing:
+            raise ValueError(f"plan output {missing[0]} is not a task")

@@ -1,0 +1,83 @@
+"""One job run, start to finish: validate, connect, load, fit, write, publish.
+
+Nothing is written before every check has passed, and nothing is published before
+everything is written (see ``io.output``).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from arrayjob.errors import InputError
+from arrayjob.io.arrays import ArrayInfo, open_array_info, write_group
+from arrayjob.io.output import JobOutput
+from arrayjob.io.report import build_report
+from arrayjob.io.storage import StorageCounters
+from arrayjob.jobs import get_job
+from arrayjob.jobs.base import Job, JobContext, JobResult
+from arrayjob.runtime.cluster import ray_cluster
+from arrayjob.runtime.metrics import RunMetrics
+from arrayjob.spec import JobSpec
+
+
+@dataclass
+class RunOutcome:
+    spec: JobSpec
+    skipped: bool
+    manifest: dict[str, Any]
+    report: dict[str, Any] = field(default_factory=dict)
+    result: JobResult | None = None
+    description: str = ""
+
+
+def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
+    """Read every input's metadata; a missing one is named with how to create demo data."""
+    arrays = {}
+    for name, location in spec.inputs.items():
+        try:
+            arrays[name] = open_array_info(name, location, spec.storage)
+        except InputError as exc:
+            if "no Zarr array" in str(exc):
+                parent = str(location).rsplit("/", 1)[0]
+                raise InputError(f"{exc} (demo data: arrayjob datagen {spec.algorithm} {parent})") from None
+            raise
+    return arrays
+
+
+def prepare(spec: JobSpec) -> Job:
+    """Check the inputs against the algorithm: exist, readable, shapes and dtypes fit."""
+    return get_job(spec.algorithm)(spec.params, open_inputs(spec))
+
+
+def run(spec: JobSpec, *, overwrite: bool = False) -> RunOutcome:
+    started = time.perf_counter()
+    metrics = RunMetrics()
+    with metrics.stage("validate"):
+        job = prepare(spec)
+        output = JobOutput(spec.output, spec.storage, spec.digest())
+        done = output.check_rerun(overwrite=overwrite)
+    if done is not None:
+        return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
+
+    with ExitStack() as stack:
+        with metrics.stage("connect"):
+            cluster = stack.enter_context(ray_cluster(spec.cluster))
+        from arrayjob.runtime.ray_executor import RayExecutor
+
+        executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
+        result = job.run(JobContext(executor, metrics, cluster.cpus, len(cluster.node_ids)))
+
+    with metrics.stage("write"):
+        written = StorageCounters()
+        write_group(output.staging.join("result.zarr"), spec.storage, result.arrays, result.attrs, written)
+        metrics.count_storage(written)
+    report = build_report(
+        spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result
+    )
+    output.write_json("report.json", report)
+    manifest = output.commit()
+    return RunOutcome(spec, skipped=False, manifest=manifest, report=report, result=result,
+                      description=job.describe())

@@ -1,0 +1,65 @@
+"""Connecting to Ray: a quiet local instance by default, an existing cluster by address."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from arrayjob.errors import ClusterError
+from arrayjob.spec import ClusterOptions
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    address: str
+    node_ids: tuple[str, ...]  # alive nodes, in a stable order; the planner's node indices
+    cpus: int
+    started_here: bool
+
+
+def _describe() -> ClusterInfo:
+    import ray
+
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
+    cpus = int(sum(n.get("Resources", {}).get("CPU", 0) for n in nodes))
+    address = ray.get_runtime_context().gcs_address
+    return ClusterInfo(address, tuple(n["NodeID"] for n in nodes), max(1, cpus), False)
+
+
+@contextmanager
+def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
+    """Connect to (or start) Ray for one job; a Ray already initialised in-process is reused."""
+    import ray
+
+    if ray.is_initialized():
+        yield _describe()
+        return
+    # A local instance is private to this job: no dashboard, no usage stats, no log spam.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    kwargs: dict[str, object] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": logging.ERROR,
+        "configure_logging": True,
+    }
+    if options.address == "local":
+        kwargs["address"] = "local"
+        if options.num_cpus:
+            kwargs["num_cpus"] = options.num_cpus
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    else:
+        kwargs["address"] = options.address
+        kwargs.pop("include_dashboard")
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ClusterError(f"cluster.address: cannot connect to Ray at {options.address!r}: {message}") from None
+    try:
+        info = _describe()
+        yield ClusterInfo(info.address, info.node_ids, info.cpus, True)
+    finally:
+        ray.shutdown()

@@ -1,0 +1,260 @@
+"""The job spec: a TOML file, ``${VAR:-default}`` interpolation, ``--set`` overrides, validation.
+
+Every problem is a ``SpecError`` whose message names the key (``params.l2``) and says
+what was expected, so the CLI can print it as one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arrayjob.errors import SpecError
+from arrayjob.io.storage import Location, StorageOptions, parse_uri
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage")
+SECRET_WORDS = ("secret", "token", "password", "key_id", "access_key", "credential")
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """The ``[cluster]`` section: where Ray runs."""
+
+    address: str = field(default="local", metadata={"check": bool, "expect": "'local', 'auto' or a Ray address"})
+    num_cpus: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job spec. ``params`` is the algorithm's own params dataclass."""
+
+    name: str
+    algorithm: str
+    inputs: Mapping[str, Location]
+    params: Any
+    output: Location
+    cluster: ClusterOptions
+    storage: StorageOptions
+    source: str
+    resolved: Mapping[str, Any] = field(repr=False)
+
+    def digest(self) -> str:
+        """What identifies the result: job, inputs, params and output (not where it ran)."""
+        identity = {k: self.resolved.get(k, {}) for k in ("job", "inputs", "params", "output")}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+    def redacted(self) -> dict[str, Any]:
+        """The resolved spec with anything that looks like a secret replaced."""
+        return _redact(self.resolved)
+
+
+def _redact(value: Any, key: str = "") -> Any:
+    if isinstance(value, Mapping):
+        return {k: _redact(v, k) for k, v in value.items()}
+    if any(w in key.lower() for w in SECRET_WORDS):
+        return "***"
+    if isinstance(value, str):
+        # credentials embedded in an endpoint URL: scheme://user:pass@host
+        return re.sub(r"(://)[^/@\s]+:[^/@\s]+@", r"\1***@", value)
+    return value
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def interpolate(value: Any, env: Mapping[str, str], key: str = "") -> Any:
+    """Replace ``${VAR}`` and ``${VAR:-default}`` in every string of a parsed spec."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env, f"{key}.{k}" if key else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env, key) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if env.get(name):
+            return env[name]
+        if default is not None:
+            return default
+        raise SpecError(f"{key}: environment variable {name} is not set and has no default")
+
+    return _VAR.sub(substitute, value)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``params.l2=0.01`` -> (["params", "l2"], 0.01); values are TOML, else plain strings."""
+    path, sep, raw = text.partition("=")
+    keys = path.strip().split(".")
+    if not sep or not all(k.strip() for k in keys):
+        raise SpecError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. params.l2=0.01")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return [k.strip() for k in keys], value
+
+
+def read_spec(path: str | Path, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Parse the TOML file, apply ``--set`` overrides, then interpolate the environment."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: the spec is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    for text in overrides:
+        keys, value = parse_override(text)
+        table = raw
+        for i, k in enumerate(keys[:-1]):
+            table = table.setdefault(k, {})
+            if not isinstance(table, dict):
+                raise SpecError(f"--set {text!r}: {'.'.join(keys[: i + 1])} is not a table")
+        table[keys[-1]] = value
+    return interpolate(raw, os.environ if env is None else env)
+
+
+# -- validating ------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (bool, int, float, str, Literal, X | None)."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _coerce(value, option, key)
+            except SpecError as exc:
+                errors.append(exc)
+        raise SpecError(f"{key}: expected {' or '.join(_type_name(o) for o in options)}, got {value!r}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise SpecError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        return value
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }.get(tp)
+    if ok is None:
+        raise TypeError(f"unsupported spec field type {tp!r} for {key}")
+    if not ok:
+        raise SpecError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def table_to_dataclass(cls: type, table: Any, section: str) -> Any:
+    """Build the dataclass ``cls`` from a TOML table, naming ``section.key`` in every error.
+
+    A field's metadata may hold ``check`` (a predicate) and ``expect`` (what it wants, in words).
+    """
+    if not isinstance(table, dict):
+        raise SpecError(f"{section}: expected a table, got {table!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise SpecError(f"{section}.{unknown[0]}: unknown key (expected one of: {', '.join(fields)})")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, f in fields.items():
+        key = f"{section}.{name}"
+        if name not in table:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise SpecError(f"{key}: required key is missing")
+            continue
+        value = _coerce(table[name], hints[name], key)
+        check = f.metadata.get("check")
+        if check is not None and value is not None and not check(value):
+            raise SpecError(f"{key}: expected {f.metadata.get('expect', 'a valid value')}, got {value!r}")
+        values[name] = value
+    return cls(**values)
+
+
+def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
+    """Check the whole spec, before anything runs."""
+    from arrayjob.jobs import get_job, job_names
+
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise SpecError(f"{unknown[0]}: unknown section (expected: {', '.join(SECTIONS)})")
+    job = raw.get("job")
+    if not isinstance(job, dict):
+        raise SpecError("job: missing [job] table with name and algorithm")
+    bad = sorted(set(job) - {"name", "algorithm"})
+    if bad:
+        raise SpecError(f"job.{bad[0]}: unknown key (expected one of: name, algorithm)")
+    name = _coerce(job.get("name", ""), str, "job.name")
+    if not _NAME.match(name):
+        raise SpecError(f"job.name: expected 1-128 letters, digits, '.', '_' or '-', got {name!r}")
+    if "algorithm" not in job:
+        raise SpecError(f"job.algorithm: required key is missing (one of: {', '.join(job_names())})")
+    algorithm = _coerce(job["algorithm"], str, "job.algorithm")
+    job_class = get_job(algorithm)
+
+    inputs_table = raw.get("inputs", {})
+    if not isinstance(inputs_table, dict):
+        raise SpecError(f"inputs: expected a table, got {inputs_table!r}")
+    for extra in sorted(set(inputs_table) - set(job_class.inputs)):
+        raise SpecError(f"inputs.{extra}: unknown input for {algorithm} (expected: {', '.join(job_class.inputs)})")
+    inputs = {}
+    for input_name in job_class.inputs:
+        if input_name not in inputs_table:
+            raise SpecError(f"inputs.{input_name}: required input of {algorithm} is missing")
+        uri = _coerce(inputs_table[input_name], str, f"inputs.{input_name}")
+        inputs[input_name] = parse_uri(uri, key=f"inputs.{input_name}")
+
+    params = table_to_dataclass(job_class.Params, raw.get("params", {}), "params")
+    output_table = raw.get("output")
+    if not isinstance(output_table, dict) or "uri" not in output_table:
+        raise SpecError("output.uri: required key is missing")
+    if set(output_table) - {"uri"}:
+        raise SpecError(f"output.{sorted(set(output_table) - {'uri'})[0]}: unknown key (expected: uri)")
+    output = parse_uri(_coerce(output_table["uri"], str, "output.uri"), key="output.uri")
+    for input_name, location in inputs.items():
+        if location == output or location.path.startswith(output.path.rstrip("/") + "/"):
+            raise SpecError(f"output.uri: {output} would overwrite inputs.{input_name}")
+
+    cluster = table_to_dataclass(ClusterOptions, raw.get("cluster", {}), "cluster")
+    storage = table_to_dataclass(StorageOptions, raw.get("storage", {}), "storage")
+    return JobSpec(
+        name=name,
+        algorithm=algorithm,
+        inputs=inputs,
+        params=params,
+        output=output,
+        cluster=cluster,
+        storage=storage,
+        source=source,
+        resolved=raw,
+    )
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> JobSpec:
+    """Read and validate a spec file."""
+    return validate(read_spec(path, overrides, env), source=str(path))
