@@ -191,7 +191,7 @@ def table_to_dataclass(cls: type, table: Any, section: str) -> Any:
         value = _coerce(table[name], hints[name], key)
         check = f.metadata.get("check")
         if check is not None and value is not None and not check(value):
-            raise SpecError(f"{key}: expected {f.metadata.get('expect', 'a valid value')}, got {value!r}")
+            raise SpecError(f"{key}: expected {f.metadata.get('expect', 'a valid value')}, got {table[name]!r}")
         values[name] = value
     return cls(**values)
 

@@ -33,7 +33,7 @@ from arrayjob.planner.tiling import aligned_row_grid, row_grid
 def _check_labels(y: np.ndarray) -> str | None:
     if not np.all((y == 0) | (y == 1)):
         bad = y[(y != 0) & (y != 1)][0]
-        return f"labels must be 0 or 1, found {bad!r}"
+        return f"labels must be 0 or 1, found {bad.item()!r}"
     return None
 
 

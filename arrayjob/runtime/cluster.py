@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,11 +30,27 @@ def _describe() -> ClusterInfo:
     return ClusterInfo(address, tuple(n["NodeID"] for n in nodes), max(1, cpus), False)
 
 
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast on a dead ``host:port``: Ray itself would retry the connection for minutes."""
+    if address == "auto":
+        return  # Ray finds the local cluster's address itself and fails at once if there is none
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"cluster.address: expected 'local', 'auto' or HOST:PORT, got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ClusterError(f"cluster.address: cannot connect to Ray at {address!r}: {exc.strerror or exc}") from None
+
+
 @contextmanager
 def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
     """Connect to (or start) Ray for one job; a Ray already initialised in-process is reused."""
     import ray
 
+    # Every task's failure reaches the driver through the results it feeds (load errors
+    # through their stats), so Ray's log line for an unread failed block is only noise.
+    os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
     if ray.is_initialized():
         yield _describe()
         return
@@ -51,6 +68,7 @@ def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
             kwargs["num_cpus"] = options.num_cpus
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     else:
+        _check_reachable(options.address)
         kwargs["address"] = options.address
         kwargs.pop("include_dashboard")
     try:

@@ -1,0 +1,78 @@
+"""Shared fixtures: one real S3 server on loopback, one Ray instance, both per session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Credentials for the loopback S3 server; set before Ray starts so workers inherit them.
+os.environ.update(
+    AWS_ACCESS_KEY_ID="testing",
+    AWS_SECRET_ACCESS_KEY="testing",
+    AWS_DEFAULT_REGION="us-east-1",
+    RAY_USAGE_STATS_ENABLED="0",
+    RAY_AUTH_MODE="disabled",
+)
+os.environ.pop("AWS_PROFILE", None)
+os.environ.pop("RAY_ADDRESS", None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server on a free loopback port, reached through boto3/s3fs/zarr."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A fresh, empty bucket per test (names are unique, so tests never see each other's data)."""
+    import boto3
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray instance for the whole session; the runner reuses an initialised Ray."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ARRAYJOB_BUCKET", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_s3_server_log() -> None:
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)

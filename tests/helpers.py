@@ -1,0 +1,61 @@
+"""Small helpers for tests: write arrays with plain zarr, write specs, run the CLI in-process."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from arrayjob.cli.main import main
+
+
+def storage_options(uri: str, endpoint: str | None) -> dict[str, Any] | None:
+    return {"endpoint_url": endpoint} if uri.startswith("s3://") and endpoint else None
+
+
+def write_array(uri: str, data: np.ndarray, chunks: tuple[int, ...], *, endpoint: str | None = None,
+                zarr_format: int = 3) -> None:
+    """Write ``data`` with plain zarr, as a user's own pipeline would."""
+    z = zarr.create_array(uri, shape=data.shape, chunks=chunks, dtype=data.dtype, zarr_format=zarr_format,
+                          overwrite=True, storage_options=storage_options(uri, endpoint))
+    z[...] = data
+
+
+def read_group(uri: str, endpoint: str | None = None) -> zarr.Group:
+    return zarr.open_group(uri, mode="r", storage_options=storage_options(uri, endpoint))
+
+
+def logreg_data(n: int = 3000, d: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n).astype(np.float64)
+    X = rng.standard_normal((n, d)) + ((2 * y - 1) * 0.4)[:, None]
+    X[:, 0] *= 3.0  # uneven scales make the problem less trivial for the solvers
+    return X, y
+
+
+def write_spec(path: Path, *, inputs: dict[str, str], output: str, algorithm: str = "logreg",
+               params: str = "", storage: str = "", extra: str = "") -> Path:
+    body = textwrap.dedent(f"""\
+        [job]
+        name = "test-{algorithm}"
+        algorithm = "{algorithm}"
+
+        [inputs]
+        """)
+    body += "".join(f'{k} = "{v}"\n' for k, v in inputs.items())
+    body += f"\n[params]\n{textwrap.dedent(params)}\n[output]\nuri = \"{output}\"\n"
+    if storage:
+        body += f"\n[storage]\n{textwrap.dedent(storage)}\n"
+    body += textwrap.dedent(extra)
+    path.write_text(body)
+    return path
+
+
+def run_cli(args: list[str], capsys: Any) -> tuple[int, str, str]:
+    """Run ``arrayjob ARGS`` in this process (sharing the session Ray); returns (code, out, err)."""
+    code = main(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
