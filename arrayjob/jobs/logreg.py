@@ -155,7 +155,7 @@ class LogisticRegression(Job):
         last = getattr(self, "_last", None)
         if last is not None and np.array_equal(last[0], theta):
             return last[1], last[2].copy()  # the solver's final point was just evaluated
-        (parts,) = ctx.executor.run(plan, {"theta": theta}).values()
+        (parts,) = ctx.executor.run(plan, {"theta": theta})
         if isinstance(parts, tuple):
             parts = parts[0]
         loss, grad = self._regularise(parts, theta, n, d)
@@ -204,7 +204,7 @@ class LogisticRegression(Job):
             penalty[d] = 0.0
 
         def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-            (parts,) = ctx.executor.run(plan, {"theta": theta}).values()
+            (parts,) = ctx.executor.run(plan, {"theta": theta})
             loss, grad = self._regularise(parts[0], theta, n, d)
             return loss, grad, parts[1] / n + np.diag(penalty)
 

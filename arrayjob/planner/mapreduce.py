@@ -62,7 +62,7 @@ def row_map_reduce(
             tasks.append(task)
             next_level.append(task.id)
         level = next_level
-    plan = PhysicalPlan(sources=sources, tasks=tuple(tasks), outputs=(level[0],))
+    plan = PhysicalPlan(sources=sources, tasks=tuple(tasks), outputs=(TaskResult(level[0]),))
     plan.validate()
     return plan
 

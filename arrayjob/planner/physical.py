@@ -70,11 +70,14 @@ class SourceBlock:
 @dataclass(frozen=True)
 class TaskResult:
     task: str
+    output: int = 0  # which of the task's outputs
 
 
 @dataclass(frozen=True)
 class DriverValue:
     name: str
+    shape: tuple[int, ...] = ()
+    nbytes: int = 0
 
 
 Arg = SourceBlock | TaskResult | DriverValue
@@ -86,13 +89,16 @@ class Task:
     kernel: Kernel
     args: tuple[Arg, ...]
     node: int | None = None  # index into the cluster's node list; None lets Ray choose
+    num_outputs: int = 1
+    out_shapes: tuple[tuple[int, ...], ...] = ()  # planned shape of each output
+    out_bytes: tuple[int, ...] = ()  # planned size of each output, for placement and cost
 
 
 @dataclass(frozen=True)
 class PhysicalPlan:
     sources: tuple[Source, ...]
     tasks: tuple[Task, ...]  # in dependency order
-    outputs: tuple[str, ...]  # ids of the tasks whose results return to the driver
+    outputs: tuple[TaskResult, ...]  # the results that return to the driver
 
     def source(self, name: str) -> Source:
         for s in self.sources:
@@ -115,6 +121,6 @@ class PhysicalPlan:
                     ):
                         raise ValueError(f"task {task.id}: no block {arg.index} of {arg.array}")
             seen.add(task.id)
-        missing = [o for o in self.outputs if o not in seen]
+        missing = [o for o in self.outputs if o.task not in seen]
         if missing:
-            raise ValueError(f"plan output {missing[0]} is not a task")
+            raise ValueError(f"plan output {missing[0].task} is not a task")

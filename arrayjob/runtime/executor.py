@@ -30,8 +30,8 @@ class Executor(Protocol):
     def load(self, plan: PhysicalPlan) -> None:
         """Read every source block of ``plan`` now (and check it), if not already held."""
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Run ``plan`` with the driver values; returns the output tasks' results by id."""
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:
+        """Run ``plan`` with the driver values; returns the results named by ``plan.outputs``."""
 
 
 def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
@@ -71,20 +71,21 @@ class LocalExecutor:
             for index in source.grid.indices():
                 self._block(plan, SourceBlock(source.array.name, index))
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> dict[str, Any]:
-        results: dict[str, Any] = {}
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:
+        results: dict[str, tuple[Any, ...]] = {}
         for task in plan.tasks:
             args = []
             for arg in task.args:
                 if isinstance(arg, SourceBlock):
                     args.append(self._block(plan, arg))
                 elif isinstance(arg, TaskResult):
-                    args.append(results[arg.task])
+                    args.append(results[arg.task][arg.output])
                 else:
                     args.append(values[arg.name])
-            results[task.id] = task.kernel.fn(*args)
+            out = task.kernel.fn(*args)
+            results[task.id] = out if task.num_outputs > 1 else (out,)
         self.metrics.count_tasks(len(plan.tasks))
-        return {o: results[o] for o in plan.outputs}
+        return [results[o.task][o.output] for o in plan.outputs]
 
 
 def _counters(stats: Mapping[str, Any]) -> StorageCounters:

@@ -88,21 +88,25 @@ class RayExecutor:
             self._block(plan, ref, node)
         self._collect_stats()
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:
         value_refs = {name: ray.put(v) for name, v in values.items()}
-        refs: dict[str, ray.ObjectRef] = {}
+        refs: dict[str, list[ray.ObjectRef]] = {}
         for task in plan.tasks:
             args = []
             for arg in task.args:
                 if isinstance(arg, SourceBlock):
                     args.append(self._block(plan, arg, task.node))
                 elif isinstance(arg, TaskResult):
-                    args.append(refs[arg.task])
+                    args.append(refs[arg.task][arg.output])
                 else:
                     args.append(value_refs[arg.name])
-            refs[task.id] = _run_kernel.options(**self._options(task.node)).remote(task.kernel.fn, *args)
+            options = self._options(task.node)
+            if task.num_outputs > 1:
+                options["num_returns"] = task.num_outputs
+            out = _run_kernel.options(**options).remote(task.kernel.fn, *args)
+            refs[task.id] = out if task.num_outputs > 1 else [out]
         self.metrics.count_tasks(len(plan.tasks))
-        outputs = self._get([refs[o] for o in plan.outputs])
+        outputs = self._get([refs[o.task][o.output] for o in plan.outputs])
         if self._pending_stats:
             self._collect_stats()
-        return dict(zip(plan.outputs, outputs, strict=True))
+        return outputs

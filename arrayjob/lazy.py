@@ -1,0 +1,297 @@
+"""The lazy array API every job is written against.
+
+``BlockArray`` records operations instead of running them; ``Session.compute`` captures
+the requested results as one IR graph, plans it (tiling, fusion, placement — cached by
+structure) and runs the plan::
+
+    X = from_zarr(info_X); y = from_zarr(info_y); w = value("w", (d,))
+    z = X @ w
+    loss = sum(logaddexp(0.0, -(2 * y - 1) * z))
+    grad = X.T @ (sigmoid(z) - y)
+    session.compute({"loss": loss, "grad": grad}, values={"w": w0})
+
+Nothing touches data until ``compute``. Small results come back to the driver as NumPy.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from arrayjob.io.arrays import ArrayInfo
+from arrayjob.planner.ir import ELEMENTWISE, REDUCTIONS, Graph, Node, infer_shape
+
+
+class BlockArray:
+    """A lazy n-d array: an op, its inputs, and the shape and dtype it will have."""
+
+    __slots__ = ("op", "inputs", "shape", "dtype", "attrs")
+    __array_priority__ = 100  # so ndarray + BlockArray defers to BlockArray
+
+    def __init__(self, op: str, inputs: tuple[BlockArray, ...], shape: tuple[int, ...], dtype: str,
+                 attrs: tuple[Any, ...] = ()) -> None:
+        self.op, self.inputs, self.shape, self.dtype, self.attrs = op, inputs, tuple(shape), dtype, attrs
+
+    def __repr__(self) -> str:
+        return f"BlockArray({self.op}, shape={self.shape}, dtype={self.dtype})"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def T(self) -> BlockArray:  # noqa: N802 - NumPy's name
+        return transpose(self)
+
+    # arithmetic ------------------------------------------------------------------------
+    def __add__(self, o: Any) -> BlockArray: return _map("add", self, o)
+    def __radd__(self, o: Any) -> BlockArray: return _map("add", o, self)
+    def __sub__(self, o: Any) -> BlockArray: return _map("subtract", self, o)
+    def __rsub__(self, o: Any) -> BlockArray: return _map("subtract", o, self)
+    def __mul__(self, o: Any) -> BlockArray: return _map("multiply", self, o)
+    def __rmul__(self, o: Any) -> BlockArray: return _map("multiply", o, self)
+    def __truediv__(self, o: Any) -> BlockArray: return _map("divide", self, o)
+    def __rtruediv__(self, o: Any) -> BlockArray: return _map("divide", o, self)
+    def __pow__(self, o: Any) -> BlockArray: return _map("power", self, o)
+    def __neg__(self) -> BlockArray: return _map("negative", self)
+    def __gt__(self, o: Any) -> BlockArray: return _map("greater", self, o)
+    def __lt__(self, o: Any) -> BlockArray: return _map("less", self, o)
+    def __ge__(self, o: Any) -> BlockArray: return _map("greater_equal", self, o)
+    def __le__(self, o: Any) -> BlockArray: return _map("less_equal", self, o)
+    def __matmul__(self, o: BlockArray) -> BlockArray: return matmul(self, o)
+    def __rmatmul__(self, o: BlockArray) -> BlockArray: return matmul(asarray(o), self)
+
+    # reductions ------------------------------------------------------------------------
+    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> BlockArray:
+        return _reduce("sum", self, axis, keepdims)
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> BlockArray:
+        axes = _axes(self, axis)
+        count = int(np.prod([self.shape[a] for a in axes], dtype=np.int64))
+        return _reduce("sum", self, axis, keepdims) * (1.0 / count)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> BlockArray:
+        return _reduce("max", self, axis, keepdims)
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> BlockArray:
+        return _reduce("min", self, axis, keepdims)
+
+    def argmax(self, axis: int) -> BlockArray:
+        return _reduce("argmax", self, axis, False)
+
+    def argmin(self, axis: int) -> BlockArray:
+        return _reduce("argmin", self, axis, False)
+
+
+# constructors ------------------------------------------------------------------------------
+
+
+def from_zarr(info: ArrayInfo) -> BlockArray:
+    """A stored array; its blocks will be read by the workers, aligned with its chunks."""
+    return BlockArray("source", (), info.shape, info.dtype, (info,))
+
+
+def value(name: str, shape: tuple[int, ...], dtype: str = "float64") -> BlockArray:
+    """A small driver array, bound by name at ``compute`` time (weights, centroids, ...)."""
+    return BlockArray("value", (), shape, str(np.dtype(dtype)), (name,))
+
+
+def const(x: float | int | bool) -> BlockArray:
+    scalar = np.asarray(x)
+    return BlockArray("const", (), (), str(scalar.dtype), (scalar.item(),))
+
+
+def asarray(x: Any) -> BlockArray:
+    if isinstance(x, BlockArray):
+        return x
+    if np.ndim(x) == 0:
+        return const(x)
+    raise TypeError("only scalars mix with BlockArrays; pass arrays with value(name, shape)")
+
+
+# elementwise -------------------------------------------------------------------------------
+
+
+def _result_dtype(fn: str, inputs: Sequence[BlockArray]) -> str:
+    if fn in ("greater", "less", "greater_equal", "less_equal", "equal", "not_equal"):
+        return "bool"
+    arrays = [np.empty((), dtype=a.dtype) for a in inputs if a.op != "const"] or [np.empty((), "float64")]
+    dtype = np.result_type(*arrays)
+    if fn == "where":
+        dtype = np.result_type(*arrays[1:]) if len(arrays) > 1 else dtype
+    if dtype.kind in "biu" and fn not in ("add", "subtract", "multiply", "maximum", "minimum", "negative",
+                                         "abs", "square", "where"):
+        dtype = np.dtype("float64")
+    return str(dtype)
+
+
+def _map(fn: str, *args: Any) -> BlockArray:
+    arity, _ = ELEMENTWISE[fn]
+    inputs = tuple(asarray(a) for a in args)
+    if len(inputs) != arity:
+        raise TypeError(f"{fn} takes {arity} arguments, got {len(inputs)}")
+    shape = infer_shape("map", [a.shape for a in inputs], (fn,))
+    return BlockArray("map", inputs, shape, _result_dtype(fn, inputs), (fn,))
+
+
+def _unary(fn: str):  # type: ignore[no-untyped-def]
+    def apply(x: Any) -> BlockArray:
+        return _map(fn, x)
+
+    apply.__name__ = fn
+    apply.__doc__ = f"Elementwise {fn}."
+    return apply
+
+
+exp, log, log1p, expm1, sqrt, tanh, sigmoid, erf, square = (
+    _unary(f) for f in ("exp", "log", "log1p", "expm1", "sqrt", "tanh", "sigmoid", "erf", "square")
+)
+absolute = _unary("abs")
+negative = _unary("negative")
+
+
+def maximum(a: Any, b: Any) -> BlockArray:
+    return _map("maximum", a, b)
+
+
+def minimum(a: Any, b: Any) -> BlockArray:
+    return _map("minimum", a, b)
+
+
+def logaddexp(a: Any, b: Any) -> BlockArray:
+    return _map("logaddexp", a, b)
+
+
+def where(condition: Any, a: Any, b: Any) -> BlockArray:
+    return _map("where", condition, a, b)
+
+
+# reductions --------------------------------------------------------------------------------
+
+
+def _axes(x: BlockArray, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(sorted(a % x.ndim for a in axes))
+
+
+def _reduce(fn: str, x: BlockArray, axis: int | Sequence[int] | None, keepdims: bool) -> BlockArray:
+    assert fn in REDUCTIONS
+    axes = _axes(x, axis)
+    if fn in ("argmax", "argmin") and len(axes) != 1:
+        raise ValueError(f"{fn} needs exactly one axis")
+    shape = infer_shape("reduce", [x.shape], (fn, axes, keepdims))
+    dtype = "int64" if fn.startswith("arg") else (x.dtype if fn != "sum" or x.dtype != "bool" else "int64")
+    return BlockArray("reduce", (x,), shape, dtype, (fn, axes, keepdims))
+
+
+def sum(x: BlockArray, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> BlockArray:  # noqa: A001
+    return x.sum(axis, keepdims)
+
+
+def mean(x: BlockArray, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> BlockArray:
+    return x.mean(axis, keepdims)
+
+
+# contractions ------------------------------------------------------------------------------
+
+
+def transpose(x: BlockArray, axes: Sequence[int] | None = None) -> BlockArray:
+    perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(a % x.ndim for a in axes)
+    if perm == tuple(range(x.ndim)):
+        return x
+    return BlockArray("transpose", (x,), tuple(x.shape[p] for p in perm), x.dtype, (perm,))
+
+
+def _result_type(*xs: BlockArray) -> str:
+    return str(np.result_type(*[np.empty((), dtype=x.dtype) for x in xs]))
+
+
+def einsum(subscripts: str, *operands: BlockArray) -> BlockArray:
+    """A contraction in explicit form (``"ijk,jf,kf->if"``); transposed operands fold in."""
+    operands = tuple(asarray(o) for o in operands)
+    terms, _, out = subscripts.replace(" ", "").partition("->")
+    if not _:
+        raise ValueError("einsum needs explicit output subscripts ('...->...')")
+    terms_list = terms.split(",")
+    folded = []
+    for term, x in zip(terms_list, operands, strict=True):
+        while x.op == "transpose":  # a view: relabel instead of moving data
+            perm = x.attrs[0]
+            term = "".join(term[perm.index(a)] for a in range(len(perm)))
+            x = x.inputs[0]
+        folded.append((term, x))
+    subscripts = ",".join(t for t, _ in folded) + "->" + out
+    inputs = tuple(x for _, x in folded)
+    shape = infer_shape("einsum", [x.shape for x in inputs], (subscripts,))
+    return BlockArray("einsum", inputs, shape, _result_type(*inputs), (subscripts,))
+
+
+def matmul(a: BlockArray, b: BlockArray) -> BlockArray:
+    if a.ndim not in (1, 2) or b.ndim not in (1, 2):
+        raise ValueError(f"matmul of {a.shape} and {b.shape}: only 1-D and 2-D operands")
+    left = "ij"[2 - a.ndim:] if a.ndim == 2 else "j"
+    right = "jk" if b.ndim == 2 else "j"
+    out = ("i" if a.ndim == 2 else "") + ("k" if b.ndim == 2 else "")
+    return einsum(f"{left},{right}->{out}", a, b)
+
+
+def tensordot(a: BlockArray, b: BlockArray, axes: int | tuple[Sequence[int], Sequence[int]] = 2) -> BlockArray:
+    if isinstance(axes, int):
+        axes_a, axes_b = list(range(a.ndim - axes, a.ndim)), list(range(axes))
+    else:
+        axes_a, axes_b = [x % a.ndim for x in axes[0]], [x % b.ndim for x in axes[1]]
+    letters = iter(string.ascii_letters)
+    la = [next(letters) for _ in range(a.ndim)]
+    lb = [next(letters) for _ in range(b.ndim)]
+    for x, y in zip(axes_a, axes_b, strict=True):
+        lb[y] = la[x]
+    out = [c for i, c in enumerate(la) if i not in axes_a] + [c for i, c in enumerate(lb) if i not in axes_b]
+    return einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b)
+
+
+# capturing a graph -------------------------------------------------------------------------
+
+
+def capture(outputs: Sequence[BlockArray]) -> Graph:
+    """The IR graph of ``outputs``: topologically ordered, common subexpressions merged."""
+    nodes: list[Node] = []
+    by_key: dict[Node, int] = {}
+    by_id: dict[int, int] = {}
+
+    def visit(x: BlockArray) -> int:
+        # iterative post-order: programs of thousands of ops must not hit the recursion limit
+        stack: list[tuple[BlockArray, bool]] = [(x, False)]
+        while stack:
+            item, ready = stack.pop()
+            if id(item) in by_id:
+                continue
+            if not ready:
+                stack.append((item, True))
+                stack.extend((i, False) for i in reversed(item.inputs) if id(i) not in by_id)
+                continue
+            node = Node(item.op, tuple(by_id[id(i)] for i in item.inputs), item.shape, item.dtype, item.attrs)
+            index = by_key.get(node)
+            if index is None:
+                index = by_key[node] = len(nodes)
+                nodes.append(node)
+            by_id[id(item)] = index
+        return by_id[id(x)]
+
+    outs = tuple(visit(o) for o in outputs)
+    return Graph(tuple(nodes), outs)
+
+
+__all__ = [
+    "BlockArray", "absolute", "asarray", "capture", "const", "einsum", "erf", "exp", "expm1",
+    "from_zarr", "log", "log1p", "logaddexp", "matmul", "maximum", "mean", "minimum", "negative",
+    "sigmoid", "sqrt", "square", "sum", "tanh", "tensordot", "transpose", "value", "where",
+]

@@ -1,0 +1,305 @@
+"""Lowering: from tilings and fused kernels to block tasks (the physical plan).
+
+Each kernel runs once per block of its *iteration space*: the axis classes cut in its
+nodes, plus classes cut in its inputs that its reductions or contractions sum away.
+Every input block a task needs is either a block that exists (a stored block, a task's
+output, a driver value) or is cut/glued from existing blocks by an ``Assemble`` task: that
+is where re-tiling moves data. A kernel output that sums over a cut class is a partial
+result, combined by a reduction tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from arrayjob.planner.ir import Graph
+from arrayjob.planner.kernels import COMBINE, Assemble, BlockKernel, Step
+from arrayjob.planner.physical import (
+    Arg,
+    BlockGrid,
+    DriverValue,
+    Kernel,
+    PhysicalPlan,
+    Source,
+    SourceBlock,
+    Task,
+    TaskResult,
+)
+from arrayjob.planner.plan import FusedKernel, Plan
+
+FAN_IN = 8
+Selection = tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputAssembly:
+    """How the driver rebuilds program output ``node``: blocks (selection, result index)."""
+
+    node: int
+    shape: tuple[int, ...]
+    dtype: str
+    blocks: tuple[tuple[Selection, int], ...]
+
+
+def _block_selection(grid: BlockGrid, index: tuple[int, ...]) -> Selection:
+    return tuple((s.start, s.stop) for s in grid.selection(index))
+
+
+def _nbytes(selection: Selection, dtype: str) -> int:
+    return math.prod(b - a for a, b in selection) * np.dtype(dtype).itemsize
+
+
+class _Lowering:
+    def __init__(self, plan: Plan) -> None:
+        assert plan.tilings is not None and plan.kernels is not None, "lower needs tile and fuse first"
+        self.plan = plan
+        self.graph: Graph = plan.graph
+        self.classes = plan.graph.axis_classes
+        self.grids = [plan.grid(i) for i in range(len(plan.graph))]
+        self.tasks: list[Task] = []
+        self.blocks: dict[int, dict[tuple[int, ...], Arg]] = {}
+        self.assembled: dict[tuple[int, Selection], Arg] = {}
+        self.sources: list[Source] = []
+
+    # -- where blocks are ----------------------------------------------------------------
+    def part_classes(self, node: int) -> dict[int, int]:
+        """Cut axis classes of ``node`` -> the axis they cut."""
+        n = self.graph.nodes[node]
+        return {self.classes.of_axis(node, a): a for a in self.plan.tilings[node].axes if n.shape[a] > 0}
+
+    def class_blocks(self, cls: int, node: int, axis: int) -> int:
+        return self.grids[node].grid_shape[axis]
+
+    def leaf_blocks(self, node: int) -> None:
+        n = self.graph.nodes[node]
+        if n.op == "source":
+            source = Source(n.attrs[0], self.grids[node])
+            self.sources.append(source)
+            self.blocks[node] = {idx: SourceBlock(source.array.name, idx) for idx in source.grid.indices()}
+        elif n.op == "value":
+            if self.plan.tilings[node].axes:
+                raise ValueError(f"driver value {n.attrs[0]!r} must be whole, not cut")
+            self.blocks[node] = {(0,) * n.ndim: DriverValue(n.attrs[0], n.shape, n.nbytes)}
+
+    def block_for(self, node: int, selection: Selection) -> Arg:
+        """An argument holding ``node[selection]``: an existing block, or an Assemble task."""
+        grid = self.grids[node]
+        key = (node, selection)
+        if key in self.assembled:
+            return self.assembled[key]
+        # which blocks overlap, per axis
+        ranges = []
+        for (lo, hi), length, size in zip(selection, grid.block_shape, grid.shape, strict=True):
+            first, last = lo // length, max(lo, hi - 1) // length
+            ranges.append(range(first, min(last, math.ceil(size / length) - 1 if size else 0) + 1))
+        overlapping = list(itertools.product(*ranges))
+        if len(overlapping) == 1 and _block_selection(grid, overlapping[0]) == selection:
+            return self.blocks[node][overlapping[0]]
+        n = self.graph.nodes[node]
+        pieces, args = [], []
+        for idx in overlapping:
+            block = _block_selection(grid, idx)
+            lo = tuple(max(a, c) for (a, _), (c, _) in zip(block, selection, strict=True))
+            hi = tuple(min(b, d) for (_, b), (_, d) in zip(block, selection, strict=True))
+            dst = tuple((x - s0, y - s0) for x, y, (s0, _) in zip(lo, hi, selection, strict=True))
+            src = tuple((x - b0, y - b0) for x, y, (b0, _) in zip(lo, hi, block, strict=True))
+            pieces.append((dst, src))
+            args.append(self.blocks[node][idx])
+        shape = tuple(b - a for a, b in selection)
+        task = Task(f"assemble {n.label()}#{node}[{','.join(f'{a}:{b}' for a, b in selection)}]",
+                    Kernel("assemble", Assemble(shape, n.dtype, tuple(pieces))), tuple(args),
+                    out_shapes=(shape,), out_bytes=(_nbytes(selection, n.dtype),))
+        self.tasks.append(task)
+        self.assembled[key] = TaskResult(task.id)
+        return self.assembled[key]
+
+    # -- kernels ---------------------------------------------------------------------------
+    def kernel(self, k: int, kernel: FusedKernel) -> None:
+        g, classes = self.graph, self.classes
+        inside = set(kernel.nodes)
+        external: list[int] = []
+        for v in kernel.nodes:
+            for u in g.nodes[v].inputs:
+                if u not in inside and g.nodes[u].op != "const" and u not in external:
+                    external.append(u)
+        # the iteration space: cut classes of the kernel's nodes, and classes cut in its
+        # inputs that a node sums away
+        space: dict[int, int] = {}
+        for v in kernel.nodes:
+            for c, a in self.part_classes(v).items():
+                space[c] = self.grids[v].grid_shape[a]
+        for v in kernel.nodes:
+            own = set(classes.of_node(v, g.nodes[v].ndim))
+            for u in g.nodes[v].inputs:
+                if u in inside:
+                    continue
+                for c, a in self.part_classes(u).items():
+                    if c not in own:
+                        space.setdefault(c, self.grids[u].grid_shape[a])
+        for v in (*kernel.nodes, *external):
+            n = g.nodes[v]
+            cls = classes.of_node(v, n.ndim)
+            for c in space:
+                if cls.count(c) > 1:
+                    raise ValueError(f"node {v} ({n.label()}) has two axes of a cut class; it cannot be cut")
+        lengths = dict(self.plan.block_lengths)
+
+        # dependency of each node on the iteration classes, and which are partial
+        dep: dict[int, set[int]] = {}
+        for u in external:
+            dep[u] = set(space) & set(classes.of_node(u, g.nodes[u].ndim))
+        partial: dict[int, set[int]] = {}
+        for v in kernel.nodes:
+            n = g.nodes[v]
+            d = set().union(*(dep.get(u, set()) for u in n.inputs)) if n.inputs else set()
+            for u in n.inputs:
+                if u in partial and partial[u]:
+                    raise ValueError(f"kernel {kernel.name}: node {v} ({n.label()}) uses partial result {u}")
+            own = set(classes.of_node(v, n.ndim))
+            dep[v] = d
+            partial[v] = d - own
+            if partial[v] and not (n.op == "einsum" or (n.op == "reduce" and n.attrs[0] in COMBINE)):
+                raise ValueError(f"kernel {kernel.name}: node {v} ({n.label()}) cannot combine partials")
+            if partial[v] and v not in kernel.outputs:
+                raise ValueError(f"kernel {kernel.name}: partial node {v} ({n.label()}) must be an output")
+
+        block_kernel = self.block_kernel(kernel, external)
+        order = sorted(space)
+        per_output: dict[int, dict[tuple[int, ...], list[TaskResult]]] = {v: defaultdict(list) for v in kernel.outputs}
+        for idx in itertools.product(*(range(space[c]) for c in order)):
+            at = dict(zip(order, idx, strict=True))
+            args = []
+            for u in external:
+                n = g.nodes[u]
+                sel = []
+                for a, size in enumerate(n.shape):
+                    c = classes.of_axis(u, a)
+                    if c in at and size > 1:
+                        length = lengths.get(c, size)
+                        sel.append((at[c] * length, min((at[c] + 1) * length, size)))
+                    else:
+                        sel.append((0, size))
+                args.append(self.block_for(u, tuple(sel)))
+            label = ",".join(map(str, idx))
+            out_shapes = []
+            for v in kernel.outputs:
+                n = g.nodes[v]
+                bidx = tuple(at.get(classes.of_axis(v, a), 0) if a in self.plan.tilings[v].axes else 0
+                             for a in range(n.ndim))
+                out_shapes.append(tuple(b - a for a, b in _block_selection(self.grids[v], bidx)))
+            out_bytes = [math.prod(shape) * np.dtype(g.nodes[v].dtype).itemsize
+                         for shape, v in zip(out_shapes, kernel.outputs, strict=True)]
+            task = Task(f"{kernel.name}#{k}[{label}]", Kernel(kernel.name, block_kernel), tuple(args),
+                        num_outputs=len(kernel.outputs), out_shapes=tuple(out_shapes), out_bytes=tuple(out_bytes))
+            self.tasks.append(task)
+            for p, v in enumerate(kernel.outputs):
+                n = g.nodes[v]
+                bidx = tuple(at.get(classes.of_axis(v, a), 0) if a in self.plan.tilings[v].axes else 0
+                             for a in range(n.ndim))
+                per_output[v][bidx].append(TaskResult(task.id, p))
+        for v, by_block in per_output.items():
+            n = g.nodes[v]
+            self.blocks[v] = {}
+            for bidx, results in by_block.items():
+                if not partial[v]:
+                    self.blocks[v][bidx] = results[0]
+                    continue
+                fn = "sum" if n.op == "einsum" else n.attrs[0]
+                sel = _block_selection(self.grids[v], bidx)
+                self.blocks[v][bidx] = self.reduce_tree(f"{fn}#{v}[{','.join(map(str, bidx))}]", fn, results,
+                                                        tuple(b - a for a, b in sel), _nbytes(sel, n.dtype))
+
+    def reduce_tree(self, name: str, fn: str, parts: list[TaskResult], shape: tuple[int, ...],
+                    nbytes: int) -> TaskResult:
+        level, depth = parts, 0
+        while len(level) > 1:
+            depth += 1
+            nxt = []
+            for j in range(0, len(level), FAN_IN):
+                group = level[j: j + FAN_IN]
+                if len(group) == 1:
+                    nxt.append(group[0])
+                    continue
+                task = Task(f"combine {name}.{depth}.{j // FAN_IN}", Kernel(f"{fn}_partials", COMBINE[fn]),
+                            tuple(group), out_shapes=(shape,), out_bytes=(nbytes,))
+                self.tasks.append(task)
+                nxt.append(TaskResult(task.id))
+            level = nxt
+        return level[0]
+
+    def block_kernel(self, kernel: FusedKernel, external: list[int]) -> BlockKernel:
+        g = self.graph
+        slot = {u: i for i, u in enumerate(external)}
+        steps: list[Step] = []
+        for v in kernel.nodes:
+            for u in g.nodes[v].inputs:
+                if u not in slot and g.nodes[u].op == "const":
+                    n = g.nodes[u]
+                    steps.append(Step("const", n.attrs, (), n.dtype))
+                    slot[u] = len(external) + len(steps) - 1
+            n = g.nodes[v]
+            steps.append(Step(n.op, n.attrs, tuple(slot[u] for u in n.inputs), n.dtype))
+            slot[v] = len(external) + len(steps) - 1
+        return BlockKernel(kernel.name, len(external), tuple(steps), tuple(slot[v] for v in kernel.outputs))
+
+    # -- program outputs -------------------------------------------------------------------
+    def run(self) -> tuple[PhysicalPlan, tuple[OutputAssembly, ...]]:
+        computed_by: dict[int, int] = {}
+        for k, kernel in enumerate(self.plan.kernels):
+            for v in kernel.nodes:
+                computed_by[v] = k
+        done: set[int] = set()
+        for i, n in enumerate(self.graph.nodes):
+            if n.op in ("source", "value"):
+                self.leaf_blocks(i)
+        for k, kernel in enumerate(self.plan.kernels):
+            if k not in done:
+                self.kernel(k, kernel)
+                done.add(k)
+        outputs: list[TaskResult] = []
+        assembly = []
+        for o in self.graph.outputs:
+            n = self.graph.nodes[o]
+            parts = []
+            for idx, ref in sorted(self.blocks[o].items()):
+                if not isinstance(ref, TaskResult):
+                    ref = self.block_for(o, _block_selection(self.grids[o], idx))
+                    if not isinstance(ref, TaskResult):  # a leaf returned as is: copy through a task
+                        sel = _block_selection(self.grids[o], idx)
+                        shape = tuple(b - a for a, b in sel)
+                        whole = tuple((0, s) for s in shape)
+                        task = Task(f"fetch {n.label()}#{o}[{idx}]",
+                                    Kernel("assemble", Assemble(shape, n.dtype, ((whole, whole),))), (ref,),
+                                    out_shapes=(shape,), out_bytes=(_nbytes(sel, n.dtype),))
+                        self.tasks.append(task)
+                        ref = TaskResult(task.id)
+                parts.append((_block_selection(self.grids[o], idx), len(outputs)))
+                outputs.append(ref)
+            assembly.append(OutputAssembly(o, n.shape, n.dtype, tuple(parts)))
+        physical = PhysicalPlan(tuple(self.sources), tuple(self.tasks), tuple(outputs))
+        physical.validate()
+        return physical, tuple(assembly)
+
+
+def lower(plan: Plan) -> Plan:
+    physical, assembly = _Lowering(plan).run()
+    return dataclasses.replace(plan, physical=physical, assembly=assembly)
+
+
+def assemble_outputs(plan: Plan, results: list[object]) -> list[np.ndarray]:
+    """Rebuild each program output on the driver from its blocks."""
+    arrays = []
+    for out in plan.assembly:
+        if len(out.blocks) == 1 and out.blocks[0][0] == tuple((0, s) for s in out.shape):
+            arrays.append(np.asarray(results[out.blocks[0][1]]).reshape(out.shape))
+            continue
+        array = np.empty(out.shape, dtype=out.dtype)
+        for selection, i in out.blocks:
+            array[tuple(slice(a, b) for a, b in selection)] = results[i]
+        arrays.append(array)
+    return arrays

@@ -1,0 +1,52 @@
+"""A session runs lazy array programs: capture the graph, plan it (cached), execute, assemble."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from arrayjob.lazy import BlockArray, capture
+from arrayjob.planner.lower import assemble_outputs
+from arrayjob.planner.plan import Plan, PlanOptions, cached_plan
+from arrayjob.runtime.executor import Executor
+
+
+class Session:
+    """Plans and runs programs on one executor, with one set of planner options."""
+
+    def __init__(self, executor: Executor, options: PlanOptions | None = None) -> None:
+        self.executor = executor
+        self.options = options or PlanOptions()
+        self.planning_seconds: list[float] = []
+
+    def plan(self, outputs: Mapping[str, BlockArray]) -> Plan:
+        start = time.perf_counter()
+        plan = cached_plan(capture(list(outputs.values())), self.options)
+        self.planning_seconds.append(time.perf_counter() - start)
+        return plan
+
+    def load(self, outputs: Mapping[str, BlockArray]) -> None:
+        """Read the stored blocks the program uses now (they stay for later computes)."""
+        plan = self.plan(outputs)
+        assert plan.physical is not None
+        self.executor.load(plan.physical)
+
+    def compute(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """Run the program that yields ``outputs``; returns them as NumPy arrays."""
+        plan = self.plan(outputs)
+        bound = dict(values or {})
+        for node in plan.graph.nodes:
+            if node.op == "value":
+                name = node.attrs[0]
+                if name not in bound:
+                    raise ValueError(f"compute: no value bound for {name!r}")
+                array = np.asarray(bound[name], dtype=node.dtype)
+                if array.shape != node.shape:
+                    raise ValueError(f"compute: value {name!r} has shape {array.shape}, expected {node.shape}")
+                bound[name] = array
+        assert plan.physical is not None
+        results = self.executor.run(plan.physical, bound)
+        return dict(zip(outputs, assemble_outputs(plan, results), strict=True))
