@@ -23,6 +23,7 @@ import numpy as np
 
 from arrayjob.io.arrays import ArrayInfo
 from arrayjob.planner.ir import ELEMENTWISE, REDUCTIONS, Graph, Node, infer_shape
+from arrayjob.planner.physical import Kernel
 
 
 class BlockArray:
@@ -65,6 +66,9 @@ class BlockArray:
     def __lt__(self, o: Any) -> BlockArray: return _map("less", self, o)
     def __ge__(self, o: Any) -> BlockArray: return _map("greater_equal", self, o)
     def __le__(self, o: Any) -> BlockArray: return _map("less_equal", self, o)
+    def __ne__(self, o: Any) -> BlockArray: return _map("not_equal", self, o)  # type: ignore[override]
+    def __eq__(self, o: Any) -> BlockArray: return _map("equal", self, o)  # type: ignore[override]
+    __hash__ = object.__hash__
     def __matmul__(self, o: BlockArray) -> BlockArray: return matmul(self, o)
     def __rmatmul__(self, o: BlockArray) -> BlockArray: return matmul(asarray(o), self)
 
@@ -93,9 +97,13 @@ class BlockArray:
 # constructors ------------------------------------------------------------------------------
 
 
-def from_zarr(info: ArrayInfo) -> BlockArray:
-    """A stored array; its blocks will be read by the workers, aligned with its chunks."""
-    return BlockArray("source", (), info.shape, info.dtype, (info,))
+def from_zarr(info: ArrayInfo, check: Kernel | None = None) -> BlockArray:
+    """A stored array; its blocks will be read by the workers, aligned with its chunks.
+
+    ``check(block)``, if given, runs where each block is read and returns None or what is
+    wrong with the block (e.g. labels outside {0, 1}); a problem fails the job with exit 2.
+    """
+    return BlockArray("source", (), info.shape, info.dtype, (info,) if check is None else (info, check))
 
 
 def value(name: str, shape: tuple[int, ...], dtype: str = "float64") -> BlockArray:

@@ -18,8 +18,10 @@ from arrayjob.io.report import build_report
 from arrayjob.io.storage import StorageCounters
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import Job, JobContext, JobResult
-from arrayjob.runtime.cluster import ray_cluster
+from arrayjob.planner.plan import ClusterShape, PlanOptions
+from arrayjob.runtime.cluster import cluster_shape, ray_cluster
 from arrayjob.runtime.metrics import RunMetrics
+from arrayjob.runtime.session import Session
 from arrayjob.spec import JobSpec
 
 
@@ -47,6 +49,11 @@ def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
     return arrays
 
 
+def plan_options(spec: JobSpec, cluster: ClusterShape) -> PlanOptions:
+    p = spec.planner
+    return PlanOptions(tiling=p.tiling, fusion=p.fusion, placement=p.placement, cluster=cluster)
+
+
 def prepare(spec: JobSpec) -> Job:
     """Check the inputs against the algorithm: exist, readable, shapes and dtypes fit."""
     return get_job(spec.algorithm)(spec.params, open_inputs(spec))
@@ -68,7 +75,8 @@ def run(spec: JobSpec, *, overwrite: bool = False) -> RunOutcome:
         from arrayjob.runtime.ray_executor import RayExecutor
 
         executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
-        result = job.run(JobContext(executor, metrics, cluster.cpus, len(cluster.node_ids)))
+        session = Session(executor, plan_options(spec, cluster_shape(cluster)))
+        result = job.run(JobContext(session, metrics))
 
     with metrics.stage("write"):
         written = StorageCounters()

@@ -17,14 +17,14 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from arrayjob.errors import SpecError
 from arrayjob.io.storage import Location, StorageOptions, parse_uri
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage")
+SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage", "planner")
 SECRET_WORDS = ("secret", "token", "password", "key_id", "access_key", "credential")
 
 
@@ -34,6 +34,15 @@ class ClusterOptions:
 
     address: str = field(default="local", metadata={"check": bool, "expect": "'local', 'auto' or a Ray address"})
     num_cpus: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """The ``[planner]`` section: which strategy each planner pass uses."""
+
+    tiling: Literal["greedy", "exact", "naive"] = "naive"
+    fusion: Literal["cost", "all", "none"] = "none"
+    placement: Literal["lshs", "roundrobin", "ray"] = "roundrobin"
 
 
 @dataclass(frozen=True)
@@ -47,11 +56,12 @@ class JobSpec:
     output: Location
     cluster: ClusterOptions
     storage: StorageOptions
+    planner: PlannerOptions
     source: str
     resolved: Mapping[str, Any] = field(repr=False)
 
     def digest(self) -> str:
-        """What identifies the result: job, inputs, params and output (not where it ran)."""
+        """What identifies the result: job, inputs, params and output (not where or how it ran)."""
         identity = {k: self.resolved.get(k, {}) for k in ("job", "inputs", "params", "output")}
         return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -242,6 +252,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
 
     cluster = table_to_dataclass(ClusterOptions, raw.get("cluster", {}), "cluster")
     storage = table_to_dataclass(StorageOptions, raw.get("storage", {}), "storage")
+    planner = table_to_dataclass(PlannerOptions, raw.get("planner", {}), "planner")
     return JobSpec(
         name=name,
         algorithm=algorithm,
@@ -250,6 +261,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
         output=output,
         cluster=cluster,
         storage=storage,
+        planner=planner,
         source=source,
         resolved=raw,
     )

@@ -11,9 +11,13 @@ from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.storage import StorageOptions, parse_uri
 from arrayjob.jobs.base import JobContext
-from arrayjob.jobs.logreg import LogisticRegression, LogRegParams, loss_grad, loss_grad_hess
+from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
+from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
+from arrayjob.runtime.session import Session
 from tests.helpers import logreg_data, read_group, run_cli, write_array, write_spec
+
+PLANNER = {"tiling": "naive", "fusion": "none", "placement": "roundrobin"}
 
 
 def objective(X, y, coef, intercept, l2):
@@ -29,35 +33,46 @@ def sklearn_fit(X, y, l2, fit_intercept):
     return model.coef_[0], intercept
 
 
-def test_block_kernels_match_numpy_and_finite_differences():
+def _job(tmp_path, X, y, chunks, **params):
+    write_array(str(tmp_path / "X.zarr"), X, (chunks, X.shape[1]))
+    write_array(str(tmp_path / "y.zarr"), y, (chunks + 300,))  # y chunked unlike X: blocks still line up
+    options = StorageOptions()
+    arrays = {n: open_array_info(n, parse_uri(str(tmp_path / f"{n}.zarr")), options) for n in ("X", "y")}
+    return LogisticRegression(LogRegParams(**params), arrays)
+
+
+def _session(**planner):
+    executor = LocalExecutor(StorageOptions())
+    options = PlanOptions(cluster=ClusterShape(nodes=2, workers_per_node=2), **planner)
+    return Session(executor, options), executor.metrics
+
+
+def test_program_matches_numpy_and_finite_differences(tmp_path):
     X, y = logreg_data(500, 4, seed=1)
-    theta = np.array([0.3, -0.2, 0.1, 0.05, 0.4])
-    out = loss_grad(X, y, theta)
-    loss = lambda t: np.sum(np.logaddexp(0, -(2 * y - 1) * (X @ t[:4] + t[4])))  # noqa: E731
-    assert out[0] == pytest.approx(loss(theta), rel=1e-12)
+    job = _job(tmp_path, X, y, 60, solver="newton")
+    session, _ = _session(**PLANNER)
+    w, b = np.array([0.3, -0.2, 0.1, 0.05]), 0.4
+    r = session.compute(job.program(), {"w": w, "b": b})
+    loss = lambda w, b: np.sum(np.logaddexp(0, -(2 * y - 1) * (X @ w + b)))  # noqa: E731
+    assert r["loss"] == pytest.approx(loss(w, b), rel=1e-12)
     eps = 1e-6
-    numeric = [(loss(theta + eps * e) - loss(theta - eps * e)) / (2 * eps) for e in np.eye(5)]
-    np.testing.assert_allclose(out[1:], numeric, rtol=1e-6)
-    parts, hess = loss_grad_hess(X, y, theta)
-    np.testing.assert_allclose(parts, out, rtol=1e-12)
-    numeric_h = [(loss_grad(X, y, theta + eps * e)[1:] - loss_grad(X, y, theta - eps * e)[1:]) / (2 * eps)
-                 for e in np.eye(5)]
-    np.testing.assert_allclose(hess, np.array(numeric_h), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(hess, hess.T)
+    numeric = [(loss(w + eps * e, b) - loss(w - eps * e, b)) / (2 * eps) for e in np.eye(4)]
+    np.testing.assert_allclose(r["grad_w"], numeric, rtol=1e-6)
+    assert r["grad_b"] == pytest.approx((loss(w, b + eps) - loss(w, b - eps)) / (2 * eps), rel=1e-6)
+    grad = lambda w: session.compute(job.program(), {"w": w, "b": b})["grad_w"]  # noqa: E731
+    numeric_h = np.array([(grad(w + eps * e) - grad(w - eps * e)) / (2 * eps) for e in np.eye(4)])
+    np.testing.assert_allclose(r["hess_ww"], numeric_h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r["hess_ww"], r["hess_ww"].T)
 
 
 @pytest.mark.parametrize("solver", ["lbfgs", "newton"])
 @pytest.mark.parametrize("fit_intercept", [True, False])
 def test_job_matches_sklearn_on_the_local_executor(tmp_path, solver, fit_intercept):
     X, y = logreg_data(4000, 6, seed=2)
-    write_array(str(tmp_path / "X.zarr"), X, (700, 6))
-    write_array(str(tmp_path / "y.zarr"), y, (1000,))  # y chunked unlike X: blocks still line up
-    options = StorageOptions()
-    arrays = {n: open_array_info(n, parse_uri(str(tmp_path / f"{n}.zarr")), options) for n in ("X", "y")}
     l2 = 1e-3
-    job = LogisticRegression(LogRegParams(solver=solver, l2=l2, fit_intercept=fit_intercept, tol=1e-7), arrays)
-    executor = LocalExecutor(options)
-    result = job.run(JobContext(executor, executor.metrics, workers=3))
+    job = _job(tmp_path, X, y, 700, solver=solver, l2=l2, fit_intercept=fit_intercept, tol=1e-7)
+    session, metrics = _session(**PLANNER)
+    result = job.run(JobContext(session, metrics))
     coef, intercept = sklearn_fit(X, y, l2, fit_intercept)
     ours = objective(X, y, result.arrays["coef"], result.arrays["intercept"][0], l2)
     assert ours == pytest.approx(objective(X, y, coef, intercept, l2), rel=1e-9)
@@ -65,7 +80,7 @@ def test_job_matches_sklearn_on_the_local_executor(tmp_path, solver, fit_interce
     np.testing.assert_allclose(result.arrays["coef"], coef, rtol=1e-4, atol=1e-6)
     assert result.attrs["converged"]
     # Every stored byte of X and y is read in the load stage, and nothing while fitting.
-    load, fit = executor.metrics.stages
+    load, fit = metrics.stages
     stored = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
     assert load.storage.bytes_read >= stored and fit.storage.get_requests == 0
     assert fit.tasks > 0 and result.attrs["iterations"] > 1

@@ -24,6 +24,17 @@ set_option = click.option(
 )
 
 
+def _planner_overrides(tiling: str | None, fusion: str | None, placement: str | None) -> list[str]:
+    chosen = {"tiling": tiling, "fusion": fusion, "placement": placement}
+    return [f"planner.{k}={json.dumps(v)}" for k, v in chosen.items() if v]
+
+
+tiling_option = click.option("--tiling", type=click.Choice(["greedy", "exact", "naive"]), help="Tiling strategy.")
+fusion_option = click.option("--fusion", type=click.Choice(["cost", "all", "none"]), help="Fusion strategy.")
+placement_option = click.option("--placement", type=click.Choice(["lshs", "roundrobin", "ray"]),
+                                help="Placement strategy.")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="arrayjob")
 @debug_option
@@ -42,20 +53,60 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @set_option
 @click.option("--overwrite", is_flag=True, help="Replace a complete output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a summary.")
+@tiling_option
+@fusion_option
+@placement_option
 @debug_option
-def run(spec: str, overrides: tuple[str, ...], overwrite: bool, as_json: bool, debug: bool) -> None:
+def run(spec: str, overrides: tuple[str, ...], overwrite: bool, as_json: bool, tiling: str | None,
+        fusion: str | None, placement: str | None, debug: bool) -> None:
     """Run the job in SPEC and publish its result, report and _SUCCESS."""
     from arrayjob import runner
     from arrayjob.cli.format import summary
     from arrayjob.spec import load_spec
 
-    job = load_spec(spec, _overrides(overrides))
+    job = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *_overrides(overrides)])
     outcome = runner.run(job, overwrite=overwrite)
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(summary(outcome))
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--stop-after", type=click.Choice(["tile", "fuse", "place", "cost"]), default="cost",
+              show_default=True, help="Show the plan after this pass.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Simulated cluster nodes.")
+@click.option("--workers-per-node", type=click.IntRange(min=1), default=None,
+              help="Workers (CPUs) per simulated node  [default: this machine's CPUs]")
+@tiling_option
+@fusion_option
+@placement_option
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True)
+@debug_option
+def plan(spec: str, overrides: tuple[str, ...], stop_after: str, nodes: int, workers_per_node: int | None,
+         tiling: str | None, fusion: str | None, placement: str | None, fmt: str, debug: bool) -> None:
+    """Show how SPEC would run, without reading data: tiling, kernels, tasks, cost.
+
+    For iterative jobs this is the plan of one iteration.
+    """
+    from arrayjob import runner
+    from arrayjob.lazy import capture
+    from arrayjob.planner.plan import ClusterShape, make_plan
+    from arrayjob.planner.show import render
+    from arrayjob.spec import load_spec
+
+    job_spec = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *overrides])
+    job = runner.prepare(job_spec)
+    cluster = ClusterShape(nodes=nodes, workers_per_node=workers_per_node or os.cpu_count() or 1)
+    graph = capture(list(job.program().values()))
+    options = runner.plan_options(job_spec, cluster)
+    result = make_plan(graph, options, stop_after)
+    title = f"{job_spec.name}: {job.describe()} — plan of one pass, after {stop_after}"
+    click.echo(render(result, fmt, title, header={"job": job_spec.name, "algorithm": job_spec.algorithm,
+                                                  "stop_after": stop_after}))
 
 
 @cli.command()

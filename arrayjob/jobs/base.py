@@ -11,18 +11,17 @@ import numpy as np
 
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import ArrayInfo
-from arrayjob.runtime.executor import Executor
+from arrayjob.lazy import BlockArray
 from arrayjob.runtime.metrics import RunMetrics
+from arrayjob.runtime.session import Session
 
 
 @dataclass
 class JobContext:
-    """What a running job may use: the executor, the run's metrics, and the cluster's size."""
+    """What a running job may use: a session (planner + executor) and the run's metrics."""
 
-    executor: Executor
+    session: Session
     metrics: RunMetrics
-    workers: int
-    nodes: int = 1
 
 
 @dataclass
@@ -48,6 +47,10 @@ class Job(ABC):
     @abstractmethod
     def check_inputs(self) -> None:
         """Raise InputError naming the array when shapes or dtypes do not fit."""
+
+    @abstractmethod
+    def program(self) -> dict[str, BlockArray]:
+        """The lazy program of one pass (one iteration) over the inputs: what gets planned."""
 
     @abstractmethod
     def run(self, ctx: JobContext) -> JobResult: ...

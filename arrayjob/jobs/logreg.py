@@ -4,14 +4,14 @@ Objective (labels y in {0, 1}, s = 2y - 1, intercept b unpenalised):
 
     f(w, b) = (1/n) sum_i log(1 + exp(-s_i (x_i . w + b))) + (l2/2) ||w||^2
 
-This is scikit-learn's ``LogisticRegression(C=1/(l2 n))``. X stays partitioned in row
-blocks on the workers; each evaluation is one pass over X computing loss and gradient
-(and for Newton the Hessian) together per block, summed in a tree. Only the d+1
-weights go out and d+1 (Newton: (d+1)^2) partial sums come back per block.
+This is scikit-learn's ``LogisticRegression(C=1/(l2 n))``. The loss and gradient (and for
+Newton the Hessian) are one lazy program over X; the planner cuts X into row blocks,
+fuses the program into one kernel per block, and only the weights go out and d+2
+(Newton: (d+1)^2 more) partial sums come back per block. The solver itself (SciPy's
+L-BFGS-B, or Newton steps with a backtracking line search) runs on the driver.
 
-Cost per evaluation, for X of n x d in B blocks: reads 8nd bytes of memory (storage is
-read once per job), 4nd flops (L-BFGS) or 2nd^2 more (Newton), moves B(d+2) floats
-(Newton: B(d+1)^2 more) to the driver's reduction.
+Cost per evaluation, for X of n x d: one pass over X in memory (8nd bytes; storage is
+read once per job), about 4nd flops (L-BFGS) or 2nd^2 more (Newton).
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ from typing import Literal
 import numpy as np
 import scipy.linalg
 import scipy.optimize
-from scipy.special import expit
 
+from arrayjob import lazy as la
 from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
-from arrayjob.planner.mapreduce import row_map_reduce
-from arrayjob.planner.physical import Kernel, PhysicalPlan, Source
-from arrayjob.planner.tiling import aligned_row_grid, row_grid
+from arrayjob.planner.physical import Kernel
 
 
 def _check_labels(y: np.ndarray) -> str | None:
@@ -37,48 +35,6 @@ def _check_labels(y: np.ndarray) -> str | None:
     return None
 
 
-def _margin_terms(X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    d = X.shape[1]
-    z = X @ theta[:d]
-    if theta.shape[0] > d:
-        z += theta[d]
-    sign = 2.0 * y.reshape(-1) - 1.0
-    margin = sign * z
-    loss = float(np.logaddexp(0.0, -margin).sum())
-    p = expit(-margin)  # sigmoid of minus the margin
-    return loss, -sign * p, p
-
-
-def loss_grad(X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """[sum of losses, gradient wrt w, (gradient wrt b)] of one row block."""
-    loss, dz, _ = _margin_terms(X, y, theta)
-    out = np.empty(theta.shape[0] + 1)
-    out[0] = loss
-    out[1 : X.shape[1] + 1] = X.T @ dz
-    if theta.shape[0] > X.shape[1]:
-        out[-1] = dz.sum()
-    return out
-
-
-def loss_grad_hess(X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``loss_grad`` plus the Hessian of the summed loss wrt theta, of one row block."""
-    d = X.shape[1]
-    loss, dz, p = _margin_terms(X, y, theta)
-    weight = p * (1.0 - p)
-    out = np.empty(theta.shape[0] + 1)
-    out[0] = loss
-    out[1 : d + 1] = X.T @ dz
-    hess = np.empty((theta.shape[0], theta.shape[0]))
-    hess[:d, :d] = X.T @ (X * weight[:, None])
-    if theta.shape[0] > d:
-        out[-1] = dz.sum()
-        hess[d, :d] = hess[:d, d] = X.T @ weight
-        hess[d, d] = weight.sum()
-    return out, hess
-
-
-LOSS_GRAD = Kernel("logistic_loss_grad", loss_grad)
-LOSS_GRAD_HESS = Kernel("logistic_loss_grad_hess", loss_grad_hess)
 CHECK_LABELS = Kernel("check_labels", _check_labels)
 
 
@@ -113,29 +69,44 @@ class LogisticRegression(Job):
         X = self.arrays["X"]
         return f"{self.title} ({self.params.solver}) on X {X.shape[0]:,} × {X.shape[1]:,}"
 
-    def sources(self, workers: int) -> tuple[Source, Source]:
-        X, y = self.arrays["X"], self.arrays["y"]
-        grid = row_grid(X, workers=workers)
-        return Source(X, grid), Source(y, aligned_row_grid(y, grid), check=CHECK_LABELS)
+    def program(self) -> dict[str, la.BlockArray]:
+        """Loss and gradient (Newton: and Hessian) of the summed loss, in one pass over X."""
+        X = la.from_zarr(self.arrays["X"])
+        y = la.from_zarr(self.arrays["y"], check=CHECK_LABELS)
+        if y.ndim == 2:
+            y = y.sum(axis=1)
+        d = X.shape[1]
+        w = la.value("w", (d,))
+        z = X @ w
+        if self.params.fit_intercept:
+            z = z + la.value("b", ())
+        sign = 2.0 * y - 1.0
+        margin = sign * z
+        p = la.sigmoid(-margin)
+        dz = -sign * p
+        out = {"loss": la.sum(la.logaddexp(0.0, -margin)), "grad_w": X.T @ dz}
+        if self.params.fit_intercept:
+            out["grad_b"] = la.sum(dz)
+        if self.params.solver == "newton":
+            weight = p * (1.0 - p)
+            out["hess_ww"] = la.einsum("ij,i,ik->jk", X, weight, X)
+            if self.params.fit_intercept:
+                out["hess_wb"] = X.T @ weight
+                out["hess_bb"] = la.sum(weight)
+        return out
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        sources = self.sources(ctx.workers)
-        kernel = LOSS_GRAD if p.solver == "lbfgs" else LOSS_GRAD_HESS
-        plan = row_map_reduce(sources, kernel, ("theta",))
+        program = self.program()
         with ctx.metrics.stage("load"):
-            ctx.executor.load(plan)
+            ctx.session.load(program)
         with ctx.metrics.stage("fit"):
-            if p.solver == "lbfgs":
-                theta, iterations = self._lbfgs(ctx, plan, n, d)
-            else:
-                theta, iterations = self._newton(ctx, plan, n, d)
-            objective, grad = self._objective(ctx, plan, theta, n, d)
+            evaluate = _Evaluator(ctx, program, n, d, p)
+            theta, iterations = (self._lbfgs if p.solver == "lbfgs" else self._newton)(evaluate, d)
+            objective, grad, _ = evaluate(theta)
         grad_norm = float(np.linalg.norm(grad))
         converged = grad_norm <= p.tol
-        coef = theta[:d]
-        intercept = theta[d:] if p.fit_intercept else np.zeros(1)
         attrs = {
             "objective": objective,
             "iterations": iterations,
@@ -149,65 +120,33 @@ class LogisticRegression(Job):
             f"{'converged' if converged else 'did NOT converge'} in {iterations} iterations: "
             f"objective {objective:.10g}, gradient norm {grad_norm:.2e} (tol {p.tol:g})",
         ]
-        return JobResult({"coef": coef, "intercept": intercept}, attrs, summary)
-
-    def _objective(self, ctx: JobContext, plan: PhysicalPlan, theta: np.ndarray, n: int, d: int) -> tuple[float, np.ndarray]:
-        last = getattr(self, "_last", None)
-        if last is not None and np.array_equal(last[0], theta):
-            return last[1], last[2].copy()  # the solver's final point was just evaluated
-        (parts,) = ctx.executor.run(plan, {"theta": theta})
-        if isinstance(parts, tuple):
-            parts = parts[0]
-        loss, grad = self._regularise(parts, theta, n, d)
-        self._last = (theta.copy(), loss, grad.copy())
-        return loss, grad
-
-    def _regularise(self, parts: np.ndarray, theta: np.ndarray, n: int, d: int) -> tuple[float, np.ndarray]:
-        l2, w = self.params.l2, theta[:d]
-        loss = parts[0] / n + 0.5 * l2 * float(w @ w)
-        grad = parts[1:] / n
-        grad[:d] += l2 * w
-        return float(loss), grad
+        intercept = theta[d:] if p.fit_intercept else np.zeros(1)
+        return JobResult({"coef": theta[:d], "intercept": intercept}, attrs, summary)
 
     def _initial(self, d: int) -> np.ndarray:
         return np.zeros(d + 1 if self.params.fit_intercept else d)
 
-    def _lbfgs(self, ctx: JobContext, plan: PhysicalPlan, n: int, d: int) -> tuple[np.ndarray, int]:
+    def _lbfgs(self, evaluate: _Evaluator, d: int) -> tuple[np.ndarray, int]:
         p = self.params
-        last_grad = {"norm": np.inf}
 
         def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
-            loss, grad = self._objective(ctx, plan, theta, n, d)
-            last_grad["norm"] = float(np.linalg.norm(grad))
+            loss, grad, _ = evaluate(theta)
             return loss, grad
 
         def stop_when_small(intermediate_result: scipy.optimize.OptimizeResult) -> None:
-            if last_grad["norm"] <= p.tol:
+            if evaluate.last_grad_norm <= p.tol:
                 raise StopIteration
 
         result = scipy.optimize.minimize(
-            fun,
-            self._initial(d),
-            jac=True,
-            method="L-BFGS-B",
-            callback=stop_when_small,
+            fun, self._initial(d), jac=True, method="L-BFGS-B", callback=stop_when_small,
             # tol is on the gradient's 2-norm (checked in the callback), not SciPy's max-norm.
             options={"maxiter": p.max_iter, "gtol": 0.0, "ftol": 64 * np.finfo(float).eps},
         )
         return result.x, int(result.nit)
 
-    def _newton(self, ctx: JobContext, plan: PhysicalPlan, n: int, d: int) -> tuple[np.ndarray, int]:
+    def _newton(self, evaluate: _Evaluator, d: int) -> tuple[np.ndarray, int]:
         """Newton's method with a backtracking (Armijo) line search; one pass per trial point."""
         p = self.params
-        penalty = np.full(d + 1 if p.fit_intercept else d, p.l2)
-        if p.fit_intercept:
-            penalty[d] = 0.0
-
-        def evaluate(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-            (parts,) = ctx.executor.run(plan, {"theta": theta})
-            loss, grad = self._regularise(parts[0], theta, n, d)
-            return loss, grad, parts[1] / n + np.diag(penalty)
-
         theta = self._initial(d)
         loss, grad, hess = evaluate(theta)
         iterations = 0
@@ -229,3 +168,39 @@ class LogisticRegression(Job):
             theta, loss, grad, hess = trial, trial_loss, trial_grad, trial_hess
             iterations += 1
         return theta, iterations
+
+
+class _Evaluator:
+    """theta -> (objective, gradient, Hessian or None): one cluster pass, the last one cached."""
+
+    def __init__(self, ctx: JobContext, program: dict[str, la.BlockArray], n: int, d: int,
+                 params: LogRegParams) -> None:
+        self.ctx, self.program, self.n, self.d, self.params = ctx, program, n, d, params
+        self.last: tuple[np.ndarray, float, np.ndarray, np.ndarray | None] | None = None
+        self.last_grad_norm = np.inf
+
+    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray | None]:
+        if self.last is not None and np.array_equal(self.last[0], theta):
+            return self.last[1], self.last[2].copy(), self.last[3]
+        n, d, p = self.n, self.d, self.params
+        values = {"w": theta[:d]}
+        if p.fit_intercept:
+            values["b"] = theta[d]
+        r = self.ctx.session.compute(self.program, values)
+        w = theta[:d]
+        loss = float(r["loss"]) / n + 0.5 * p.l2 * float(w @ w)
+        grad = np.concatenate([r["grad_w"], [r["grad_b"]]] if p.fit_intercept else [r["grad_w"]]) / n
+        grad[:d] += p.l2 * w
+        hess = None
+        if p.solver == "newton":
+            k = theta.shape[0]
+            hess = np.empty((k, k))
+            hess[:d, :d] = r["hess_ww"]
+            if p.fit_intercept:
+                hess[d, :d] = hess[:d, d] = r["hess_wb"]
+                hess[d, d] = r["hess_bb"]
+            hess /= n
+            hess[np.arange(d), np.arange(d)] += p.l2
+        self.last = (theta.copy(), loss, grad.copy(), hess)
+        self.last_grad_norm = float(np.linalg.norm(grad))
+        return loss, grad, hess

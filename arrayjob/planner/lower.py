@@ -78,7 +78,7 @@ class _Lowering:
     def leaf_blocks(self, node: int) -> None:
         n = self.graph.nodes[node]
         if n.op == "source":
-            source = Source(n.attrs[0], self.grids[node])
+            source = Source(n.attrs[0], self.grids[node], n.attrs[1] if len(n.attrs) > 1 else None)
             self.sources.append(source)
             self.blocks[node] = {idx: SourceBlock(source.array.name, idx) for idx in source.grid.indices()}
         elif n.op == "value":

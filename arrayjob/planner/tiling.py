@@ -77,13 +77,19 @@ def candidates(graph: Graph, node: int, options: PlanOptions) -> list[Tiling]:
 
 @register("tiling", "naive")
 def naive(plan: Plan) -> Plan:
-    """Every array cut by rows (its first axis); driver values and scalars whole."""
+    """Every array cut by rows (its first axis); driver values, scalars and arrays whose
+    first axis shares its class with another axis (e.g. a Gram matrix) stay whole."""
     graph = plan.graph
-    tilings = tuple(
-        Tiling((0,)) if n.op not in ("const", "value") and n.ndim >= 1 and n.shape[0] > 1 else Tiling()
-        for n in graph.nodes
-    )
-    return with_tilings(plan, tilings)
+    classes = graph.axis_classes
+
+    def cuttable(i: int) -> bool:
+        n = graph.nodes[i]
+        if n.op in ("const", "value") or n.ndim == 0 or n.shape[0] <= 1:
+            return False
+        own = classes.of_node(i, n.ndim)
+        return own.count(own[0]) == 1
+
+    return with_tilings(plan, tuple(Tiling((0,)) if cuttable(i) else Tiling() for i in range(len(graph))))
 
 
 # -- kept for jobs not yet on the lazy API -----------------------------------------------------

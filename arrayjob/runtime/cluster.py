@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from arrayjob.errors import ClusterError
+from arrayjob.planner.plan import ClusterShape
 from arrayjob.spec import ClusterOptions
 
 
@@ -17,8 +19,9 @@ from arrayjob.spec import ClusterOptions
 class ClusterInfo:
     address: str
     node_ids: tuple[str, ...]  # alive nodes, in a stable order; the planner's node indices
-    cpus: int
+    cpus: int  # in all
     started_here: bool
+    memory_per_node: int = 0  # the smallest node's memory for tasks, in bytes
 
 
 def _describe() -> ClusterInfo:
@@ -26,8 +29,9 @@ def _describe() -> ClusterInfo:
 
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
     cpus = int(sum(n.get("Resources", {}).get("CPU", 0) for n in nodes))
+    memory = int(min((n.get("Resources", {}).get("memory", 0) for n in nodes), default=0))
     address = ray.get_runtime_context().gcs_address
-    return ClusterInfo(address, tuple(n["NodeID"] for n in nodes), max(1, cpus), False)
+    return ClusterInfo(address, tuple(n["NodeID"] for n in nodes), max(1, cpus), False, memory)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -78,6 +82,13 @@ def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
         raise ClusterError(f"cluster.address: cannot connect to Ray at {options.address!r}: {message}") from None
     try:
         info = _describe()
-        yield ClusterInfo(info.address, info.node_ids, info.cpus, True)
+        yield dataclasses.replace(info, started_here=True)
     finally:
         ray.shutdown()
+
+
+def cluster_shape(info: ClusterInfo) -> ClusterShape:
+    """What the planner needs to know of a running cluster."""
+    nodes = max(1, len(info.node_ids))
+    shape = ClusterShape(nodes=nodes, workers_per_node=max(1, info.cpus // nodes))
+    return dataclasses.replace(shape, memory_per_node=info.memory_per_node) if info.memory_per_node else shape
