@@ -2,12 +2,12 @@
 
 Data are generated chunk by chunk with a seed per chunk, so the bytes depend only on
 ``seed`` and the shape, never on memory or parallelism, and the driver holds one slab
-at a time.
+(about 64 MiB) at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,10 +27,48 @@ class DatagenRequest:
     chunk_rows: int
     seed: int
     options: StorageOptions
+    k: int = 8  # clusters (kmeans)
+    rank: int = 8  # rank (tensors; factor columns)
+    shape: tuple[int, ...] = ()  # tensor shape (mttkrp, cp_als); rows × cols × cols if empty
+    edges: int = 0  # edges (pagerank); 10 × rows if 0
 
 
-def _chunk_rng(seed: int, chunk: int) -> np.random.Generator:
-    return np.random.default_rng([seed, chunk])
+def _rng(seed: int, *stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, *stream])
+
+
+def _write_rows(req: DatagenRequest, name: str, shape: tuple[int, ...], dtype: str,
+                make: Callable[[int, int, np.random.Generator], np.ndarray], counters: StorageCounters,
+                stream: int = 0) -> None:
+    """Write array ``name`` chunk by chunk along its first axis; ``make(start, rows, rng)``."""
+    chunks = (min(req.chunk_rows, shape[0]), *shape[1:])
+    array = create_array(req.location.join(f"{name}.zarr"), req.options, shape=shape, chunks=chunks,
+                         dtype=dtype, counters=counters)
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+    per_slab = max(1, SLAB_BYTES // max(1, chunks[0] * row_bytes))
+    n_chunks = -(-shape[0] // chunks[0])
+    for first in range(0, n_chunks, per_slab):
+        parts = []
+        for chunk in range(first, min(first + per_slab, n_chunks)):
+            start = chunk * chunks[0]
+            rows = min(chunks[0], shape[0] - start)
+            parts.append(make(start, rows, _rng(req.seed, stream, chunk)))
+        start = first * chunks[0]
+        array[start: start + sum(len(p) for p in parts)] = np.concatenate(parts)
+
+
+def _write_small(req: DatagenRequest, name: str, data: np.ndarray, counters: StorageCounters) -> None:
+    array = create_array(req.location.join(f"{name}.zarr"), req.options, shape=data.shape,
+                         chunks=data.shape, dtype=str(data.dtype), counters=counters)
+    array[...] = data
+
+
+def _labels_and_features(req: DatagenRequest, start: int, rows: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    labels = rng.integers(0, 2, size=rows).astype(np.float64)
+    features = rng.standard_normal((rows, req.cols))
+    features += ((2.0 * labels - 1.0) / np.sqrt(req.cols))[:, None]
+    yield features
+    yield labels
 
 
 def logreg(req: DatagenRequest) -> StorageCounters:
@@ -40,38 +78,128 @@ def logreg(req: DatagenRequest) -> StorageCounters:
     so the classes overlap and the regularised logistic loss has a finite optimum.
     """
     counters = StorageCounters()
-    X = create_array(req.location.join("X.zarr"), req.options, shape=(req.rows, req.cols),
-                     chunks=(req.chunk_rows, req.cols), dtype="float64", counters=counters)
-    y = create_array(req.location.join("y.zarr"), req.options, shape=(req.rows,),
-                     chunks=(req.chunk_rows,), dtype="float64", counters=counters)
-    mu = 1.0 / np.sqrt(req.cols)
-    row_bytes = req.cols * 8
-    chunks_per_slab = max(1, SLAB_BYTES // (req.chunk_rows * row_bytes))
-    n_chunks = -(-req.rows // req.chunk_rows)
-    for first in range(0, n_chunks, chunks_per_slab):
-        blocks_x, blocks_y = [], []
-        for chunk in range(first, min(first + chunks_per_slab, n_chunks)):
-            rows = min(req.chunk_rows, req.rows - chunk * req.chunk_rows)
-            rng = _chunk_rng(req.seed, chunk)
-            labels = rng.integers(0, 2, size=rows).astype(np.float64)
-            features = rng.standard_normal((rows, req.cols))
-            features += ((2.0 * labels - 1.0) * mu)[:, None]
-            blocks_x.append(features)
-            blocks_y.append(labels)
-        start = first * req.chunk_rows
-        stop = start + sum(len(b) for b in blocks_y)
-        X[start:stop] = np.concatenate(blocks_x)
-        y[start:stop] = np.concatenate(blocks_y)
+    _write_rows(req, "X", (req.rows, req.cols), "float64",
+                lambda s, n, rng: next(_labels_and_features(req, s, n, rng)), counters)
+    _write_rows(req, "y", (req.rows,), "float64",
+                lambda s, n, rng: list(_labels_and_features(req, s, n, rng))[1], counters)
     return counters
 
 
-GENERATORS: dict[str, Callable[[DatagenRequest], StorageCounters]] = {"logreg": logreg}
+def linreg(req: DatagenRequest) -> StorageCounters:
+    """y = X w + 0.5 + noise, with X standard normal, w fixed by the seed, noise sd 0.1."""
+    counters = StorageCounters()
+    w = _rng(req.seed, 99).standard_normal(req.cols)
+
+    def features(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.standard_normal((rows, req.cols))
+
+    def targets(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+        x = features(start, rows, _rng(req.seed, 0, start // req.chunk_rows))
+        return x @ w + 0.5 + 0.1 * rng.standard_normal(rows)
+
+    _write_rows(req, "X", (req.rows, req.cols), "float64", features, counters, stream=0)
+    _write_rows(req, "y", (req.rows,), "float64", targets, counters, stream=1)
+    return counters
+
+
+def kmeans(req: DatagenRequest) -> StorageCounters:
+    """Gaussian blobs: ``k`` centres in [-10, 10]^d, unit-variance points around a random one."""
+    counters = StorageCounters()
+    centres = _rng(req.seed, 99).uniform(-10, 10, size=(req.k, req.cols))
+
+    def points(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+        return centres[rng.integers(0, req.k, size=rows)] + rng.standard_normal((rows, req.cols))
+
+    _write_rows(req, "X", (req.rows, req.cols), "float64", points, counters)
+    return counters
+
+
+def tsqr(req: DatagenRequest) -> StorageCounters:
+    """A tall matrix A (rows × cols) of standard normal entries."""
+    counters = StorageCounters()
+    _write_rows(req, "A", (req.rows, req.cols), "float64",
+                lambda s, n, rng: rng.standard_normal((n, req.cols)), counters)
+    return counters
+
+
+def _tensor_shape(req: DatagenRequest) -> tuple[int, int, int]:
+    shape = req.shape or (req.rows, req.cols, req.cols)
+    if len(shape) != 3:
+        raise SpecError(f"datagen: --shape must have 3 sizes (I,J,K), got {shape}")
+    return shape  # type: ignore[return-value]
+
+
+def _low_rank_tensor(req: DatagenRequest, counters: StorageCounters) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """X = sum_f a_f ⊗ b_f ⊗ c_f + 1% noise, written slab by slab along the first mode."""
+    shape = _tensor_shape(req)
+    rng = _rng(req.seed, 99)
+    A, B, C = (rng.standard_normal((s, req.rank)) for s in shape)
+    scale = np.sqrt(req.rank)
+
+    def slab(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+        block = np.einsum("if,jf,kf->ijk", A[start: start + rows], B, C)
+        return block + 0.01 * scale * rng.standard_normal(block.shape)
+
+    _write_rows(req, "X", shape, "float64", slab, counters)
+    return A, B, C
+
+
+def mttkrp(req: DatagenRequest) -> StorageCounters:
+    """A low-rank tensor X plus noise, and factor matrices A, B, C (one per mode)."""
+    counters = StorageCounters()
+    shape = _tensor_shape(req)
+    _low_rank_tensor(req, counters)
+    rng = _rng(req.seed, 98)
+    for name, size in zip("ABC", shape, strict=True):
+        _write_small(req, name, rng.standard_normal((size, req.rank)), counters)
+    return counters
+
+
+def cp_als(req: DatagenRequest) -> StorageCounters:
+    """A low-rank tensor X plus 1% noise (its rank is ``--rank``)."""
+    counters = StorageCounters()
+    _low_rank_tensor(req, counters)
+    return counters
+
+
+def pagerank(req: DatagenRequest) -> StorageCounters:
+    """A power-law directed graph: R-MAT edges (a, b, c, d = 0.57, 0.19, 0.19, 0.05).
+
+    ``rows`` is the number of nodes, ``edges`` the number of (source, target) pairs; ids are
+    drawn over the next power of two and folded onto [0, rows).
+    """
+    counters = StorageCounters()
+    n = req.rows
+    edges = req.edges or 10 * n
+    scale = max(1, int(np.ceil(np.log2(max(2, n)))))
+    probs = np.array([0.57, 0.19, 0.19, 0.05])
+
+    def chunk(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+        src = np.zeros(rows, dtype=np.int64)
+        dst = np.zeros(rows, dtype=np.int64)
+        for level in range(scale):
+            quadrant = rng.choice(4, size=rows, p=probs)
+            src |= (quadrant >> 1).astype(np.int64) << level
+            dst |= (quadrant & 1).astype(np.int64) << level
+        return np.stack([src % n, dst % n], axis=1)
+
+    _write_rows(req, "edges", (edges, 2), "int64", chunk, counters)
+    return counters
+
+
+GENERATORS: dict[str, Callable[[DatagenRequest], StorageCounters]] = {
+    "logreg": logreg, "linreg": linreg, "kmeans": kmeans, "tsqr": tsqr, "mttkrp": mttkrp,
+    "cp_als": cp_als, "pagerank": pagerank,
+}
 
 
 def generate(algorithm: str, req: DatagenRequest) -> StorageCounters:
     if algorithm not in GENERATORS:
         raise SpecError(f"datagen: no generator for {algorithm!r} (expected one of: {', '.join(sorted(GENERATORS))})")
-    for name, value in (("--rows", req.rows), ("--cols", req.cols), ("--chunk-rows", req.chunk_rows)):
+    for name, value in (("--rows", req.rows), ("--cols", req.cols), ("--chunk-rows", req.chunk_rows),
+                        ("--k", req.k), ("--rank", req.rank)):
         if value < 1:
             raise SpecError(f"datagen: {name} must be >= 1, got {value}")
+    if any(s < 1 for s in req.shape):
+        raise SpecError(f"datagen: --shape sizes must be >= 1, got {req.shape}")
     return GENERATORS[algorithm](req)

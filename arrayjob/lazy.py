@@ -87,11 +87,11 @@ class BlockArray:
     def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> BlockArray:
         return _reduce("min", self, axis, keepdims)
 
-    def argmax(self, axis: int) -> BlockArray:
-        return _reduce("argmax", self, axis, False)
+    def argmax(self, axis: int, keepdims: bool = False) -> BlockArray:
+        return _reduce("argmax", self, axis, keepdims)
 
-    def argmin(self, axis: int) -> BlockArray:
-        return _reduce("argmin", self, axis, False)
+    def argmin(self, axis: int, keepdims: bool = False) -> BlockArray:
+        return _reduce("argmin", self, axis, keepdims)
 
 
 # constructors ------------------------------------------------------------------------------

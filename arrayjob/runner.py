@@ -56,7 +56,7 @@ def plan_options(spec: JobSpec, cluster: ClusterShape) -> PlanOptions:
 
 def prepare(spec: JobSpec) -> Job:
     """Check the inputs against the algorithm: exist, readable, shapes and dtypes fit."""
-    return get_job(spec.algorithm)(spec.params, open_inputs(spec))
+    return get_job(spec.algorithm)(spec.params, open_inputs(spec), spec.storage)
 
 
 def run(spec: JobSpec, *, overwrite: bool = False) -> RunOutcome:
@@ -76,7 +76,7 @@ def run(spec: JobSpec, *, overwrite: bool = False) -> RunOutcome:
 
         executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
         session = Session(executor, plan_options(spec, cluster_shape(cluster)))
-        result = job.run(JobContext(session, metrics))
+        result = job.run(JobContext(session, metrics, spec.storage))
 
     with metrics.stage("write"):
         written = StorageCounters()

@@ -235,6 +235,8 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
     inputs = {}
     for input_name in job_class.inputs:
         if input_name not in inputs_table:
+            if input_name in job_class.optional_inputs:
+                continue
             raise SpecError(f"inputs.{input_name}: required input of {algorithm} is missing")
         uri = _coerce(inputs_table[input_name], str, f"inputs.{input_name}")
         inputs[input_name] = parse_uri(uri, key=f"inputs.{input_name}")

@@ -116,15 +116,27 @@ def plan(spec: str, overrides: tuple[str, ...], stop_after: str, nodes: int, wor
 @click.option("--cols", type=int, default=32, show_default=True)
 @click.option("--chunk-rows", type=int, default=25_000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--k", "clusters", type=int, default=8, show_default=True, help="Clusters (kmeans).")
+@click.option("--rank", type=int, default=8, show_default=True, help="Rank (mttkrp, cp_als).")
+@click.option("--shape", default="", help="Tensor shape I,J,K (mttkrp, cp_als) [default: rows,cols,cols].")
+@click.option("--edges", type=int, default=0, help="Edges (pagerank) [default: 10 × rows].")
 @debug_option
-def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, seed: int, debug: bool) -> None:
+def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, seed: int, clusters: int,
+            rank: int, shape: str, edges: int, debug: bool) -> None:
     """Write demo input arrays for ALGORITHM under URI (Zarr v3)."""
     from arrayjob.cli.format import size
     from arrayjob.datagen import DatagenRequest, generate
+    from arrayjob.errors import SpecError
     from arrayjob.io.storage import StorageOptions, parse_uri
 
     location = parse_uri(uri, key="URI")
-    counters = generate(algorithm, DatagenRequest(location, rows, cols, chunk_rows, seed, StorageOptions()))
+    try:
+        dims = tuple(int(s) for s in shape.split(",")) if shape else ()
+    except ValueError:
+        raise SpecError(f"datagen: --shape expects sizes like 400,400,400, got {shape!r}") from None
+    request = DatagenRequest(location, rows, cols, chunk_rows, seed, StorageOptions(), k=clusters, rank=rank,
+                             shape=dims, edges=edges)
+    counters = generate(algorithm, request)
     click.echo(f"wrote {algorithm} demo data to {location}: {size(counters.bytes_written)} "
                f"in {counters.put_requests:,} requests")
 

@@ -110,6 +110,14 @@ def read_block(
     return block, used
 
 
+def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) -> np.ndarray:
+    """Read a small array (factor matrices, initial centroids) on the driver, counted."""
+    block, counters = read_block(info, tuple(slice(0, s) for s in info.shape), options)
+    if metrics is not None:
+        metrics.count_storage(counters)
+    return block
+
+
 def create_array(
     location: Location,
     options: StorageOptions,

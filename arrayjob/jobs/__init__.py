@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from arrayjob.errors import SpecError
 from arrayjob.jobs.base import Job
+from arrayjob.jobs.kmeans import KMeans
+from arrayjob.jobs.linreg import LinearRegression
 from arrayjob.jobs.logreg import LogisticRegression
+from arrayjob.jobs.tensor import CPALS, MTTKRP
 
-JOBS: dict[str, type[Job]] = {job.name: job for job in (LogisticRegression,)}
+JOBS: dict[str, type[Job]] = {
+    job.name: job for job in (LogisticRegression, LinearRegression, KMeans, MTTKRP, CPALS)
+}
 
 
 def job_names() -> list[str]:

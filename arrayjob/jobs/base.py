@@ -11,6 +11,7 @@ import numpy as np
 
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import ArrayInfo
+from arrayjob.io.storage import StorageOptions
 from arrayjob.lazy import BlockArray
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.session import Session
@@ -22,6 +23,7 @@ class JobContext:
 
     session: Session
     metrics: RunMetrics
+    storage: StorageOptions = field(default_factory=StorageOptions)
 
 
 @dataclass
@@ -37,11 +39,13 @@ class Job(ABC):
     name: ClassVar[str]
     title: ClassVar[str]
     inputs: ClassVar[tuple[str, ...]]
+    optional_inputs: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type]
 
-    def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo]) -> None:
+    def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None) -> None:
         self.params = params
         self.arrays = dict(arrays)
+        self.storage = storage or StorageOptions()
         self.check_inputs()
 
     @abstractmethod

@@ -1,0 +1,148 @@
+"""K-means clustering, Lloyd's algorithm, one pass over X per iteration.
+
+Each pass assigns every row to its nearest centroid and, in the same kernel per row
+block, sums the rows and counts per cluster (the sums come back as (k, d) partials per
+block, summed in a tree): KASEN's fused assignment-and-update. The driver divides sums
+by counts. As in scikit-learn's Lloyd, a centroid shift (squared, summed) at or below
+tol × mean(var(X)) stops the loop, and a last pass computes labels and inertia for the
+final centroids. Assignment compares ‖c‖² − 2x·c (scikit-learn's expansion), inertia is
+Σ‖x − c‖² computed directly. A cluster that empties keeps its previous centroid.
+
+Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-means++
+(Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.
+
+Cost per iteration: one pass over X (8nd bytes), about 4ndk flops, moves k(d + 1) + 1
+floats per block. Labels (8n bytes) are assembled on the driver at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from arrayjob import lazy as la
+from arrayjob.errors import InputError
+from arrayjob.io.arrays import open_array_info, read_block, read_whole
+from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
+
+SAMPLE_ROWS = 100_000
+
+
+@dataclass(frozen=True)
+class KMeansParams:
+    k: int = field(metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
+    init: str = "k-means++"  # or "random", or the URI of a (k, d) array
+    seed: int = 0
+    max_iter: int = field(default=300, metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
+    tol: float = field(default=1e-4, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
+
+
+def kmeans_program(X: la.BlockArray, k: int, final: bool) -> dict[str, la.BlockArray]:
+    d = X.shape[1]
+    C = la.value("centroids", (k, d))
+    scores = la.value("centroid_sq", (k,)) - 2.0 * (X @ C.T)  # ‖x − c‖² − ‖x‖²
+    labels = scores.argmin(axis=1, keepdims=True)
+    onehot = (labels == la.value("cluster_ids", (k,))) * 1.0
+    nearest = onehot @ C
+    out = {"inertia": la.square(X - nearest).sum()}
+    if final:
+        out["labels"] = labels.sum(axis=1)
+    else:
+        out["sums"] = onehot.T @ X
+        out["counts"] = onehot.sum(axis=0)
+    return out
+
+
+class KMeans(Job):
+    name = "kmeans"
+    title = "k-means"
+    inputs = ("X",)
+    Params = KMeansParams
+    params: KMeansParams
+
+    def check_inputs(self) -> None:
+        X = self.arrays["X"]
+        require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
+        require_numeric(X)
+        require(self.params.k <= X.shape[0], f"params.k: {self.params.k} clusters but inputs.X has only {X.shape[0]} rows")
+        if self.params.init not in ("k-means++", "random"):
+            location = parse_uri(self.params.init, key="params.init")
+            self.init_array = open_array_info("init", location, self.storage)
+            shape = (self.params.k, X.shape[1])
+            require(self.init_array.shape == shape,
+                    f"params.init: expected a ({shape[0]}, {shape[1]}) array of centroids, got {self.init_array.shape}")
+
+    def describe(self) -> str:
+        X = self.arrays["X"]
+        return f"{self.title}, k = {self.params.k}, on X {X.shape[0]:,} × {X.shape[1]:,}"
+
+    def program(self) -> dict[str, la.BlockArray]:
+        return kmeans_program(la.from_zarr(self.arrays["X"]), self.params.k, final=False)
+
+    def _sample(self, storage: StorageOptions, rng: np.random.Generator) -> np.ndarray:
+        """Whole chunks of X, chosen at random, up to SAMPLE_ROWS rows (all of X if small)."""
+        X = self.arrays["X"]
+        n, chunk = X.shape[0], X.chunks[0]
+        starts = rng.permutation(np.arange(0, n, chunk))
+        take = starts[: max(1, -(-min(n, SAMPLE_ROWS) // chunk))]
+        parts = [read_block(X, (slice(s, min(s + chunk, n)), slice(0, X.shape[1])), storage)[0] for s in sorted(take)]
+        return np.concatenate(parts)
+
+    def initial(self, ctx: JobContext) -> np.ndarray:
+        p = self.params
+        rng = np.random.default_rng(p.seed)
+        if p.init not in ("k-means++", "random"):
+            return read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
+        sample = self._sample(ctx.storage, rng)
+        if p.init == "random":
+            return sample[rng.choice(len(sample), size=p.k, replace=False)].astype(np.float64)
+        return kmeans_plus_plus(sample, p.k, rng)
+
+    def run(self, ctx: JobContext) -> JobResult:
+        p = self.params
+        n, d = self.arrays["X"].shape
+        X = la.from_zarr(self.arrays["X"])
+        step = kmeans_program(X, p.k, final=False)
+        final = kmeans_program(X, p.k, final=True)
+        stats = {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}
+        ids = np.arange(p.k, dtype=np.float64)
+        with ctx.metrics.stage("load"):
+            centroids = self.initial(ctx)
+            if not np.isfinite(centroids).all():
+                raise InputError("params.init: the initial centroids hold NaN or infinite values")
+            ctx.session.load(step)
+            s = ctx.session.compute(stats)
+            variance = s["sum_sq"] / n - (s["sum"] / n) ** 2
+            tol = p.tol * float(np.mean(variance))
+        iterations = 0
+        with ctx.metrics.stage("fit"):
+            for iterations in range(1, p.max_iter + 1):  # noqa: B007
+                r = ctx.session.compute(step, {"centroids": centroids, "centroid_sq": (centroids**2).sum(1),
+                                               "cluster_ids": ids})
+                counts = r["counts"]
+                updated = np.where(counts[:, None] > 0, r["sums"] / np.maximum(counts, 1)[:, None], centroids)
+                shift = float(((updated - centroids) ** 2).sum())
+                centroids = updated
+                if shift <= tol:
+                    break
+            r = ctx.session.compute(final, {"centroids": centroids, "centroid_sq": (centroids**2).sum(1),
+                                            "cluster_ids": ids})
+        labels = r["labels"].astype(np.int64)
+        inertia = float(r["inertia"])
+        attrs = {"inertia": inertia, "iterations": iterations, "k": p.k}
+        return JobResult({"centroids": centroids, "labels": labels}, attrs,
+                         [f"{iterations} iterations: inertia {inertia:.10g}"])
+
+
+def kmeans_plus_plus(sample: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding on ``sample``: each next centre drawn with probability ∝ D(x)²."""
+    centres = [sample[rng.integers(len(sample))]]
+    closest = ((sample - centres[0]) ** 2).sum(1)
+    for _ in range(1, k):
+        total = closest.sum()
+        index = rng.choice(len(sample), p=closest / total) if total > 0 else rng.integers(len(sample))
+        centres.append(sample[index])
+        closest = np.minimum(closest, ((sample - sample[index]) ** 2).sum(1))
+    return np.array(centres, dtype=np.float64)

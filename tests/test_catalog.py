@@ -1,0 +1,133 @@
+"""The algorithm catalog against reference implementations (scikit-learn, TensorLy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorly as tl
+from sklearn.cluster import KMeans as SkKMeans
+from sklearn.datasets import make_blobs
+from sklearn.linear_model import LinearRegression as SkLinearRegression
+from sklearn.linear_model import Ridge
+from tensorly.decomposition import parafac
+from tensorly.tenalg import unfolding_dot_khatri_rao
+
+from arrayjob.errors import InputError, SpecError
+from arrayjob.io.arrays import open_array_info
+from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.jobs import get_job
+from arrayjob.jobs.base import JobContext
+from arrayjob.jobs.tensor import random_factors
+from arrayjob.planner.plan import ClusterShape, PlanOptions
+from arrayjob.runtime.executor import LocalExecutor
+from arrayjob.runtime.session import Session
+from arrayjob.spec import table_to_dataclass
+from tests.helpers import write_array
+
+PLANNER = {"tiling": "naive", "fusion": "none", "placement": "roundrobin"}
+
+
+@pytest.fixture
+def put(tmp_path):
+    def put(name, data, chunks):
+        write_array(str(tmp_path / f"{name}.zarr"), data, chunks)
+        return open_array_info(name, parse_uri(str(tmp_path / f"{name}.zarr")), StorageOptions())
+
+    return put
+
+
+def run_job(algorithm, arrays, **params):
+    cls = get_job(algorithm)
+    job = cls(table_to_dataclass(cls.Params, params, "params"), arrays)
+    executor = LocalExecutor(StorageOptions())
+    session = Session(executor, PlanOptions(cluster=ClusterShape(nodes=2, workers_per_node=2), **PLANNER))
+    return job.run(JobContext(session, executor.metrics))
+
+
+@pytest.mark.parametrize("l2,fit_intercept", [(0.0, True), (1e-2, True), (1e-3, False)])
+def test_linreg_matches_sklearn(put, l2, fit_intercept):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((3000, 6)) + 2.0
+    y = X @ rng.standard_normal(6) + 0.7 + 0.1 * rng.standard_normal(3000)
+    r = run_job("linreg", {"X": put("X", X, (400, 6)), "y": put("y", y, (700,))}, l2=l2, fit_intercept=fit_intercept)
+    ref = (Ridge(alpha=l2 * len(y), fit_intercept=fit_intercept) if l2 else
+           SkLinearRegression(fit_intercept=fit_intercept)).fit(X, y)
+    np.testing.assert_allclose(r.arrays["coef"], ref.coef_, rtol=1e-6)
+    assert r.arrays["intercept"][0] == pytest.approx(ref.intercept_ if fit_intercept else 0.0, rel=1e-6, abs=1e-9)
+    pred = X @ ref.coef_ + (ref.intercept_ if fit_intercept else 0)
+    objective = np.sum((pred - y) ** 2) / (2 * len(y)) + 0.5 * l2 * ref.coef_ @ ref.coef_
+    assert r.attrs["objective"] == pytest.approx(objective, rel=1e-6)
+
+
+@pytest.mark.parametrize("tol", [0.0, 1e-4])
+def test_kmeans_matches_sklearn_from_the_same_centroids(put, tmp_path, tol):
+    X, _ = make_blobs(4000, 5, centers=6, cluster_std=2.5, random_state=1)
+    init = X[np.random.default_rng(3).choice(len(X), 6, replace=False)]
+    put("init", init, init.shape)
+    r = run_job("kmeans", {"X": put("X", X, (500, 5))}, k=6, init=str(tmp_path / "init.zarr"), tol=tol)
+    ref = SkKMeans(6, init=init, n_init=1, algorithm="lloyd", tol=tol, max_iter=300).fit(X)
+    np.testing.assert_array_equal(r.arrays["labels"], ref.labels_)
+    assert r.attrs["inertia"] == pytest.approx(ref.inertia_, rel=1e-9)
+    np.testing.assert_allclose(r.arrays["centroids"], ref.cluster_centers_, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("init", ["k-means++", "random"])
+def test_kmeans_own_initialisation_is_seeded(put, init):
+    X, _ = make_blobs(2000, 3, centers=4, random_state=2)
+    arrays = {"X": put("X", X, (300, 3))}
+    a = run_job("kmeans", arrays, k=4, init=init, seed=5)
+    b = run_job("kmeans", arrays, k=4, init=init, seed=5)
+    np.testing.assert_array_equal(a.arrays["centroids"], b.arrays["centroids"])
+    ref = SkKMeans(4, init=a.arrays["centroids"], n_init=1, algorithm="lloyd").fit(X)
+    assert a.attrs["inertia"] <= ref.inertia_ * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("mode,names", [(0, "BC"), (1, "AC"), (2, "AB")])
+def test_mttkrp_matches_tensorly(put, mode, names):
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((24, 10, 7))
+    factors = {n: rng.standard_normal((s, 5)) for n, s in zip("ABC", X.shape, strict=True)}
+    arrays = {"X": put("X", X, (5, 10, 7)), **{n: put(n, factors[n], factors[n].shape) for n in names}}
+    r = run_job("mttkrp", arrays, mode=mode)
+    ref = unfolding_dot_khatri_rao(X, (np.ones(5), [factors[n] for n in "ABC"]), mode)
+    np.testing.assert_allclose(r.arrays["M"], ref, rtol=1e-10, atol=1e-10 * np.abs(ref).max())
+
+
+def test_cp_als_fit_matches_tensorly(put):
+    rng = np.random.default_rng(5)
+    A, B, C = (rng.standard_normal((s, 3)) for s in (20, 12, 9))
+    X = np.einsum("if,jf,kf->ijk", A, B, C) + 0.05 * rng.standard_normal((20, 12, 9))
+    r = run_job("cp_als", {"X": put("X", X, (6, 12, 9))}, rank=3, max_iter=100, tol=1e-8, seed=7)
+    start = tl.cp_tensor.CPTensor((np.ones(3), random_factors(X.shape, 3, 7)))
+    _, errors = parafac(tl.tensor(X), 3, init=start, n_iter_max=100, tol=1e-8, return_errors=True)
+    assert r.attrs["fit"] == pytest.approx(1 - errors[-1], abs=0.01)
+    # the factors reconstruct X as well as the fit says
+    model = np.einsum("f,if,jf,kf->ijk", r.arrays["weights"], r.arrays["A"], r.arrays["B"], r.arrays["C"])
+    assert 1 - np.linalg.norm(X - model) / np.linalg.norm(X) == pytest.approx(r.attrs["fit"], abs=1e-6)
+
+
+BAD = [
+    ("kmeans", {"X": ((10, 3), (5, 3))}, {"k": 11}, InputError, "params.k: 11 clusters but inputs.X has only 10 rows"),
+    ("kmeans", {"X": ((10,), (5,))}, {"k": 2}, InputError, "inputs.X: expected a 2-D array (rows × features), got shape (10,)"),
+    ("kmeans", {"X": ((10, 3), (5, 3))}, {"k": 2, "tol": float("nan")}, SpecError, "params.tol: expected a number >= 0, got nan"),
+    ("linreg", {"X": ((10, 3), (5, 3)), "y": ((9,), (5,))}, {}, InputError,
+     "inputs.y: expected shape (10,) to match the rows of inputs.X (10, 3), got (9,)"),
+    ("linreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"l2": -1.0}, SpecError, "params.l2: expected a number >= 0, got -1.0"),
+    ("mttkrp", {"X": ((4, 5, 6), (2, 5, 6)), "B": ((5, 2), (5, 2)), "C": ((7, 2), (7, 2))}, {}, InputError,
+     "inputs.C: expected shape (6, rank) for mode 2 of X (4, 5, 6), got (7, 2)"),
+    ("mttkrp", {"X": ((4, 5, 6), (2, 5, 6)), "B": ((5, 2), (5, 2))}, {}, InputError,
+     "inputs.C: mode 0 needs factor matrices B and C"),
+    ("mttkrp", {"X": ((4, 5), (2, 5)), "B": ((5, 2), (5, 2)), "C": ((6, 2), (6, 2))}, {}, InputError,
+     "inputs.X: expected a 3-way tensor (I × J × K), got shape (4, 5)"),
+    ("cp_als", {"X": ((4, 5, 6), (2, 5, 6))}, {}, SpecError, "params.rank: required key is missing"),
+    ("cp_als", {"X": ((4, 5, 6), (2, 5, 6))}, {"rank": 0}, SpecError, "params.rank: expected an integer >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("algorithm,arrays,params,error,message", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_invalid_inputs_are_one_clear_line(put, algorithm, arrays, params, error, message):
+    infos = {n: put(n, np.zeros(shape), chunks) for n, (shape, chunks) in arrays.items()}
+    cls = get_job(algorithm)
+    with pytest.raises(error) as raised:
+        cls(table_to_dataclass(cls.Params, params, "params"), infos)
+    assert str(raised.value) == message
