@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from arrayjob.io.arrays import ArrayInfo
+from arrayjob.io.storage import StorageOptions
 from arrayjob.planner.ir import ELEMENTWISE, REDUCTIONS, Graph, Node, infer_shape
 from arrayjob.planner.physical import Kernel
 
@@ -264,6 +265,40 @@ def tensordot(a: BlockArray, b: BlockArray, axes: int | tuple[Sequence[int], Seq
         lb[y] = la[x]
     out = [c for i, c in enumerate(la) if i not in axes_a] + [c for i, c in enumerate(lb) if i not in axes_b]
     return einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b)
+
+
+# job-supplied block functions and stored outputs --------------------------------------------
+
+
+def map_blocks(kernel: Kernel, *arrays: BlockArray, outputs: Sequence[tuple[tuple[int, ...], str, int | None]],
+               block_rows: Sequence[int | None] | None = None) -> tuple[BlockArray, ...]:
+    """Apply ``kernel.fn`` to matching row blocks of ``arrays``; one lazy array per output.
+
+    Input ``j`` is cut into row blocks of ``block_rows[j]`` rows (all inputs into the same
+    number of blocks), or passed whole when ``block_rows`` is None. ``outputs`` declares each
+    result as (shape, dtype, rows per block — None for a whole, single-block result). The
+    function returns a tuple when there are several outputs. Blocks are fixed by the job,
+    so the planner never re-tiles these arrays (dask's ``map_blocks``, NumS's ``map``).
+    """
+    rows = tuple(block_rows) if block_rows is not None else None
+    if rows is not None:
+        counts = {-(-a.shape[0] // r) for a, r in zip(arrays, rows, strict=True) if r}
+        if len(counts) != 1:
+            raise ValueError(f"map_blocks {kernel.name}: inputs are not cut into the same number of blocks")
+    return tuple(
+        BlockArray("blockwise", tuple(arrays), shape, str(np.dtype(dtype)), (kernel, i, rows, out_rows))
+        for i, (shape, dtype, out_rows) in enumerate(outputs)
+    )
+
+
+def store(x: BlockArray, target: ArrayInfo, options: StorageOptions) -> BlockArray:
+    """Write ``x`` into the existing Zarr array ``target``, block by block, on the workers.
+
+    Computes to [bytes written, PUT requests]. ``target``'s chunks must tile ``x``'s blocks.
+    """
+    if tuple(target.shape) != x.shape:
+        raise ValueError(f"store: {target.uri} has shape {target.shape}, the array has {x.shape}")
+    return BlockArray("store", (x,), (2,), "int64", (target, options))
 
 
 # capturing a graph -------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arrayjob.errors import InputError
-from arrayjob.io.arrays import ArrayInfo, open_array_info, write_group
+from arrayjob.io.arrays import ArrayInfo, ResultGroup, open_array_info, write_group
 from arrayjob.io.output import JobOutput
 from arrayjob.io.report import build_report
 from arrayjob.io.storage import StorageCounters
@@ -69,23 +69,29 @@ def run(spec: JobSpec, *, overwrite: bool = False) -> RunOutcome:
     if done is not None:
         return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
 
-    with ExitStack() as stack:
-        with metrics.stage("connect"):
-            cluster = stack.enter_context(ray_cluster(spec.cluster))
-        from arrayjob.runtime.ray_executor import RayExecutor
+    try:
+        with ExitStack() as stack:
+            with metrics.stage("connect"):
+                cluster = stack.enter_context(ray_cluster(spec.cluster))
+            from arrayjob.runtime.ray_executor import RayExecutor
 
-        executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
-        session = Session(executor, plan_options(spec, cluster_shape(cluster)))
-        result = job.run(JobContext(session, metrics, spec.storage))
+            executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
+            session = Session(executor, plan_options(spec, cluster_shape(cluster)))
+            group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
+            result = job.run(JobContext(session, metrics, spec.storage, group))
+            metrics.count_storage(group.counters)
 
-    with metrics.stage("write"):
-        written = StorageCounters()
-        write_group(output.staging.join("result.zarr"), spec.storage, result.arrays, result.attrs, written)
-        metrics.count_storage(written)
-    report = build_report(
-        spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result
-    )
-    output.write_json("report.json", report)
-    manifest = output.commit()
+        with metrics.stage("write"):
+            written = StorageCounters()
+            write_group(group.location, spec.storage, result.arrays, result.attrs, written)
+            metrics.count_storage(written)
+        report = build_report(
+            spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result
+        )
+        output.write_json("report.json", report)
+        manifest = output.commit()
+    except BaseException:
+        output.abandon()
+        raise
     return RunOutcome(spec, skipped=False, manifest=manifest, report=report, result=result,
                       description=job.describe())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorly as tl
+import zarr
 from sklearn.cluster import KMeans as SkKMeans
 from sklearn.datasets import make_blobs
 from sklearn.linear_model import LinearRegression as SkLinearRegression
@@ -13,7 +14,7 @@ from tensorly.decomposition import parafac
 from tensorly.tenalg import unfolding_dot_khatri_rao
 
 from arrayjob.errors import InputError, SpecError
-from arrayjob.io.arrays import open_array_info
+from arrayjob.io.arrays import ResultGroup, open_array_info
 from arrayjob.io.storage import StorageOptions, parse_uri
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import JobContext
@@ -36,20 +37,36 @@ def put(tmp_path):
     return put
 
 
-def run_job(algorithm, arrays, **params):
+def run_job(algorithm, arrays, result=None, **params):
     cls = get_job(algorithm)
     job = cls(table_to_dataclass(cls.Params, params, "params"), arrays)
     executor = LocalExecutor(StorageOptions())
     session = Session(executor, PlanOptions(cluster=ClusterShape(nodes=2, workers_per_node=2), **PLANNER))
-    return job.run(JobContext(session, executor.metrics))
+    return job.run(JobContext(session, executor.metrics, StorageOptions(), result))
 
 
+@pytest.mark.parametrize("shape,chunk", [((20000, 12), 1500), ((5000, 40), 64), ((300, 30), 300)])
+def test_tsqr_invariants_and_numpy(put, tmp_path, shape, chunk):
+    A = np.random.default_rng(6).standard_normal(shape)
+    group = ResultGroup(parse_uri(str(tmp_path / "result.zarr")), StorageOptions())
+    r = run_job("tsqr", {"A": put("A", A, (chunk, shape[1]))}, result=group)
+    stored = zarr.open_group(str(tmp_path / "result.zarr"), mode="r")["Q"]
+    assert stored.chunks == (chunk, shape[1])  # Q is chunked like A
+    Q, R = stored[:], r.arrays["R"]
+    assert np.linalg.norm(Q @ R - A) / np.linalg.norm(A) <= 1e-12
+    assert np.linalg.norm(Q.T @ Q - np.eye(shape[1])) <= 1e-12
+    np.testing.assert_array_equal(R, np.triu(R))
+    np.testing.assert_allclose(np.abs(R), np.abs(np.linalg.qr(A)[1]), rtol=1e-10, atol=1e-10 * np.abs(R).max())
+
+
+@pytest.mark.parametrize("method", ["tsqr", "normal"])
 @pytest.mark.parametrize("l2,fit_intercept", [(0.0, True), (1e-2, True), (1e-3, False)])
-def test_linreg_matches_sklearn(put, l2, fit_intercept):
+def test_linreg_matches_sklearn(put, method, l2, fit_intercept):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((3000, 6)) + 2.0
     y = X @ rng.standard_normal(6) + 0.7 + 0.1 * rng.standard_normal(3000)
-    r = run_job("linreg", {"X": put("X", X, (400, 6)), "y": put("y", y, (700,))}, l2=l2, fit_intercept=fit_intercept)
+    r = run_job("linreg", {"X": put("X", X, (400, 6)), "y": put("y", y, (400,))}, l2=l2, fit_intercept=fit_intercept,
+                method=method)
     ref = (Ridge(alpha=l2 * len(y), fit_intercept=fit_intercept) if l2 else
            SkLinearRegression(fit_intercept=fit_intercept)).fit(X, y)
     np.testing.assert_allclose(r.arrays["coef"], ref.coef_, rtol=1e-6)
@@ -121,6 +138,9 @@ BAD = [
      "inputs.X: expected a 3-way tensor (I × J × K), got shape (4, 5)"),
     ("cp_als", {"X": ((4, 5, 6), (2, 5, 6))}, {}, SpecError, "params.rank: required key is missing"),
     ("cp_als", {"X": ((4, 5, 6), (2, 5, 6))}, {"rank": 0}, SpecError, "params.rank: expected an integer >= 1, got 0"),
+    ("tsqr", {"A": ((4, 5), (2, 5))}, {}, InputError, "inputs.A: expected a tall matrix (rows >= columns > 0), got shape (4, 5)"),
+    ("linreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"method": "qr"}, SpecError,
+     "params.method: expected one of 'tsqr', 'normal', got 'qr'"),
 ]
 
 

@@ -118,6 +118,36 @@ def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) ->
     return block
 
 
+@functools.lru_cache(maxsize=64)
+def _open_for_writing(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
+    counters = StorageCounters()
+    store = zarr_store(info.location, options, read_only=False, counters=counters)
+    return zarr.open_array(store=store, mode="r+"), counters
+
+
+@dataclass(frozen=True)
+class WriteBlock:
+    """A task kernel: write one block into a stored array; returns [bytes written, PUTs].
+
+    Blocks cover whole chunks, so concurrent writers never touch the same chunk, and a
+    retried task rewrites the same bytes (idempotent).
+    """
+
+    target: ArrayInfo
+    options: StorageOptions
+    selection: tuple[tuple[int, int], ...]
+
+    def __call__(self, block: np.ndarray) -> np.ndarray:
+        try:
+            array, counters = _open_for_writing(self.target, self.options)
+            before = (counters.bytes_written, counters.put_requests)
+            array[tuple(slice(a, b) for a, b in self.selection)] = block
+        except Exception as exc:  # noqa: BLE001
+            _open_for_writing.cache_clear()
+            raise StorageError(f"output: writing a block of {self.target.uri} failed: {_describe(exc)}") from None
+        return np.array([counters.bytes_written - before[0], counters.put_requests - before[1]], dtype=np.int64)
+
+
 def create_array(
     location: Location,
     options: StorageOptions,
@@ -134,6 +164,30 @@ def create_array(
     )
 
 
+class ResultGroup:
+    """The result Zarr v3 group of a run, in staging: big arrays are created here first and
+    written by the workers; small arrays and attributes are added by the driver at the end."""
+
+    def __init__(self, location: Location, options: StorageOptions) -> None:
+        self.location = location
+        self.options = options
+        self.counters = StorageCounters()
+        self._created = False
+
+    def create_array(self, name: str, *, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str) -> ArrayInfo:
+        """An empty array the workers fill block by block (``lazy.store``)."""
+        location = self.location.join(name)
+        try:
+            if not self._created:  # written only once a job has outputs to store
+                zarr.open_group(store=zarr_store(self.location, self.options, read_only=False, counters=self.counters),
+                                mode="w", zarr_format=3)
+                self._created = True
+            create_array(location, self.options, shape=shape, chunks=chunks, dtype=dtype, counters=self.counters)
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"output: creating {location} failed: {_describe(exc)}") from None
+        return ArrayInfo(name, location, tuple(shape), str(np.dtype(dtype)), tuple(chunks), 3)
+
+
 def write_group(
     location: Location,
     options: StorageOptions,
@@ -141,10 +195,11 @@ def write_group(
     attrs: Mapping[str, Any],
     counters: StorageCounters | None = None,
 ) -> None:
-    """Write small arrays and attributes as a Zarr v3 group at ``location``."""
+    """Add small arrays and attributes to the Zarr v3 group at ``location`` (created if new)."""
     store = zarr_store(location, options, read_only=False, counters=counters)
     try:
-        group = zarr.open_group(store=store, mode="w", zarr_format=3, attributes=dict(attrs))
+        group = zarr.open_group(store=store, mode="a", zarr_format=3)
+        group.attrs.update(dict(attrs))
         for name, value in arrays.items():
             value = np.asarray(value)
             group.create_array(name, data=value, chunks=value.shape or None)

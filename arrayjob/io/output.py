@@ -119,6 +119,16 @@ class JobOutput:
             raise StorageError(f"output: publishing {self.location} failed: {exc}") from None
         return manifest
 
+    def abandon(self) -> None:
+        """After a failed run: remove this run's staging, and the output prefix if now empty."""
+        try:
+            if self._fs.exists(self.staging.path):
+                self._fs.rm(self.staging.path, recursive=True)
+            if not self.location.is_s3 and not self._fs.find(self.location.path):
+                self._fs.rm(self.location.path, recursive=True)  # empty directories left behind
+        except OSError:
+            pass  # best effort: nothing published, and the next run cleans staging
+
     def remove_staging(self) -> None:
         """Remove every staging prefix under the output (ours and those of dead runs)."""
         path = self.location.join(STAGING).path

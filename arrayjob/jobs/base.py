@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from arrayjob.errors import InputError
-from arrayjob.io.arrays import ArrayInfo
+from arrayjob.io.arrays import ArrayInfo, ResultGroup
 from arrayjob.io.storage import StorageOptions
 from arrayjob.lazy import BlockArray
 from arrayjob.runtime.metrics import RunMetrics
@@ -24,6 +24,7 @@ class JobContext:
     session: Session
     metrics: RunMetrics
     storage: StorageOptions = field(default_factory=StorageOptions)
+    result: ResultGroup | None = None  # where big outputs are written by the workers
 
 
 @dataclass

@@ -24,7 +24,7 @@ import numpy as np
 from arrayjob import lazy as la
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import open_array_info, read_block, read_whole
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.storage import StorageCounters, StorageOptions, parse_uri
 from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
 
 SAMPLE_ROWS = 100_000
@@ -48,7 +48,7 @@ def kmeans_program(X: la.BlockArray, k: int, final: bool) -> dict[str, la.BlockA
     nearest = onehot @ C
     out = {"inertia": la.square(X - nearest).sum()}
     if final:
-        out["labels"] = labels.sum(axis=1)
+        out["labels"] = labels.sum(axis=1)  # (n, 1) -> (n,), int64
     else:
         out["sums"] = onehot.T @ X
         out["counts"] = onehot.sum(axis=0)
@@ -127,13 +127,21 @@ class KMeans(Job):
                 centroids = updated
                 if shift <= tol:
                     break
-            r = ctx.session.compute(final, {"centroids": centroids, "centroid_sq": (centroids**2).sum(1),
-                                            "cluster_ids": ids})
-        labels = r["labels"].astype(np.int64)
+            values = {"centroids": centroids, "centroid_sq": (centroids**2).sum(1), "cluster_ids": ids}
+            arrays = {"centroids": centroids}
+            if ctx.result is not None:  # labels (8n bytes) are written by the workers
+                target = ctx.result.create_array("labels", shape=(n,), chunks=(self.arrays["X"].chunks[0],),
+                                                 dtype="int64")
+                r = ctx.session.compute({"inertia": final["inertia"],
+                                         "written": la.store(final["labels"], target, ctx.storage)}, values)
+                ctx.metrics.count_storage(StorageCounters(bytes_written=int(r["written"][0]),
+                                                          put_requests=int(r["written"][1])))
+            else:
+                r = ctx.session.compute(final, values)
+                arrays["labels"] = r["labels"]
         inertia = float(r["inertia"])
         attrs = {"inertia": inertia, "iterations": iterations, "k": p.k}
-        return JobResult({"centroids": centroids, "labels": labels}, attrs,
-                         [f"{iterations} iterations: inertia {inertia:.10g}"])
+        return JobResult(arrays, attrs, [f"{iterations} iterations: inertia {inertia:.10g}"])
 
 
 def kmeans_plus_plus(sample: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -1,13 +1,19 @@
-"""Linear regression (ridge), by the normal equations in one pass over X.
+"""Linear regression (ridge), by TSQR or by the normal equations, in one pass over X.
 
 Objective: minimise (1/(2n)) ||X w + b − y||² + (l2/2) ||w||², intercept unpenalised —
 scikit-learn's ``Ridge(alpha = l2·n)`` (``LinearRegression`` when l2 = 0).
 
-One pass computes XᵀX, Xᵀy and the column sums of X and y in one kernel per row block;
-the driver centres them and solves the d × d system (Cholesky, or least squares when
-singular). Cost: reads X once (8nd bytes), 2nd² flops, moves d² + 2d + 2 floats per block.
-Centring from sums loses accuracy when |mean| ≫ spread; ``method = "tsqr"`` is the
-numerically careful alternative.
+``method = "tsqr"`` (default): the R factor of [X 1 y] by TSQR (see ``jobs.tsqr``); the
+ridge rows √(n·l2)·I are appended to R on the driver and factored again, and
+R₁₁ θ = r₁₂ gives the coefficients; the residual is R's last diagonal entry. Backward
+stable: no squared condition number. Cost: one pass over X, about 2n(d+2)² flops, moves
+B(d+2)² floats.
+
+``method = "normal"``: one pass computes XᵀX, Xᵀy and the column sums in one kernel per
+row block; the driver centres them and solves the d × d system (Cholesky, or least
+squares when singular). Cost: one pass over X, 2nd² flops, moves d² + 2d + 2 floats per
+block. Faster, but it squares the condition number and centring from sums loses
+accuracy when |mean| ≫ spread.
 """
 
 from __future__ import annotations
@@ -20,13 +26,15 @@ import scipy.linalg
 
 from arrayjob import lazy as la
 from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
+from arrayjob.jobs.tsqr import QR_OF_STACK, block_rows_for, r_of_block
+from arrayjob.planner.physical import Kernel
 
 
 @dataclass(frozen=True)
 class LinRegParams:
     l2: float = field(default=0.0, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
     fit_intercept: bool = True
-    method: Literal["normal"] = "normal"
+    method: Literal["tsqr", "normal"] = "tsqr"
 
 
 class LinearRegression(Job):
@@ -49,9 +57,20 @@ class LinearRegression(Job):
         X = self.arrays["X"]
         return f"{self.title} ({self.params.method}) on X {X.shape[0]:,} × {X.shape[1]:,}"
 
-    def program(self) -> dict[str, la.BlockArray]:
+    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
         X = la.from_zarr(self.arrays["X"])
         y = la.from_zarr(self.arrays["y"])
+        if self.params.method == "tsqr":
+            rows = block_rows_for(self, "X", workers)
+            n, d = X.shape
+            cols = d + (2 if self.params.fit_intercept else 1)
+            blocks = -(-n // rows)
+            kernel = AUGMENTED_R_WITH_ONES if self.params.fit_intercept else AUGMENTED_R
+            (r_stack,) = la.map_blocks(kernel, X, y, outputs=[((blocks * cols, cols), "float64", cols)],
+                                       block_rows=[rows, rows])
+            _, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * cols, cols), "float64", None),
+                                                                 ((cols, cols), "float64", None)])
+            return {"R": r}
         if y.ndim == 2:
             y = y.sum(axis=1)
         return {
@@ -65,9 +84,15 @@ class LinearRegression(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        program = self.program()
+        program = self.program(ctx.session.options.cluster.workers)
         with ctx.metrics.stage("load"):
             ctx.session.load(program)
+        if p.method == "tsqr":
+            with ctx.metrics.stage("fit"):
+                coef, intercept, objective = self._from_r(ctx.session.compute(program)["R"], n, d)
+            attrs = {"objective": float(objective), "method": p.method, "n_samples": n, "n_features": d}
+            return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs,
+                             [f"least squares by TSQR: objective {objective:.10g}"])
         with ctx.metrics.stage("fit"):
             s = ctx.session.compute(program)
             gram, xty, sx, sy = s["xtx"], s["xty"], s["sum_x"], float(s["sum_y"])
@@ -87,3 +112,33 @@ class LinearRegression(Job):
         attrs = {"objective": float(objective), "method": p.method, "n_samples": n, "n_features": d}
         summary = [f"solved the {d} × {d} normal equations: objective {objective:.10g}"]
         return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs, summary)
+
+    def _from_r(self, r: np.ndarray, n: int, d: int) -> tuple[np.ndarray, float, float]:
+        """Coefficients from the R factor of [X 1 y] (or [X y]), ridge rows appended."""
+        p = self.params
+        k = r.shape[0] - 1  # parameter columns; the last column is y
+        if p.l2 > 0:
+            ridge = np.zeros((d, k + 1))
+            ridge[:, :d] = np.sqrt(n * p.l2) * np.eye(d)
+            r = np.linalg.qr(np.vstack([r, ridge]))[1]
+        theta = scipy.linalg.solve_triangular(r[:k, :k], r[:k, k]) if np.all(np.diag(r[:k, :k]) != 0) \
+            else np.linalg.lstsq(r[:k, :k], r[:k, k], rcond=None)[0]
+        objective = float(r[k, k] ** 2) / (2 * n)
+        return theta[:d], (float(theta[d]) if p.fit_intercept else 0.0), objective
+
+
+def _augmented(X: np.ndarray, y: np.ndarray, ones: bool) -> np.ndarray:
+    columns = [X, np.ones((X.shape[0], 1))] if ones else [X]
+    return np.concatenate([*columns, y.reshape(-1, 1)], axis=1)
+
+
+def augmented_r(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return r_of_block(_augmented(X, y, ones=False))
+
+
+def augmented_r_with_ones(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return r_of_block(_augmented(X, y, ones=True))
+
+
+AUGMENTED_R = Kernel("r_of_xy_block", augmented_r)
+AUGMENTED_R_WITH_ONES = Kernel("r_of_x1y_block", augmented_r_with_ones)

@@ -15,6 +15,13 @@ map        (fn,)                               elementwise ``fn`` of its inputs,
 reduce     (fn, axes, keepdims)                sum / max / min / argmax / argmin over axes
 einsum     (subscripts,)                       contraction, e.g. "ij,j->i" (matmul, tensordot)
 transpose  (perm,)                             a view with permuted axes
+blockwise  (Kernel, output, in_rows, out_rows) output ``output`` of a job's block function
+                                               applied to matching row blocks of its inputs
+                                               (``in_rows``: rows per block of each input, or
+                                               None for whole inputs; ``out_rows``: rows per
+                                               block of this output, or None for whole)
+store      (ArrayInfo,)                        write the input's blocks into that Zarr array;
+                                               the value is [bytes written, PUT requests]
 =========  ==================================  =============================================
 """
 
@@ -42,6 +49,7 @@ BINARY = {
 TERNARY = {"where": np.where}
 COMPARISONS = {"greater", "less", "greater_equal", "less_equal", "equal", "not_equal"}
 REDUCTIONS = ("sum", "max", "min", "argmax", "argmin")
+OPAQUE = ("blockwise", "store")  # ops whose shapes are declared, not inferred; never fused
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -125,7 +133,7 @@ class Graph:
         for i, node in enumerate(self.nodes):
             if any(not 0 <= j < i for j in node.inputs):
                 raise ValueError(f"node {i} ({node.label()}): inputs {node.inputs} are not earlier nodes")
-            if not node.is_leaf:
+            if not node.is_leaf and node.op not in OPAQUE:
                 expected = infer_shape(node.op, [self.nodes[j].shape for j in node.inputs], node.attrs)
                 if expected != node.shape:
                     raise ValueError(f"node {i} ({node.label()}): shape {node.shape}, expected {expected}")

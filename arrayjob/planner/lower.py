@@ -17,7 +17,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from arrayjob.planner.ir import Graph
+from arrayjob.io.arrays import WriteBlock
+from arrayjob.planner.ir import OPAQUE, Graph
 from arrayjob.planner.kernels import COMBINE, Assemble, BlockKernel, Step
 from arrayjob.planner.physical import (
     Arg,
@@ -65,6 +66,7 @@ class _Lowering:
         self.blocks: dict[int, dict[tuple[int, ...], Arg]] = {}
         self.assembled: dict[tuple[int, Selection], Arg] = {}
         self.sources: list[Source] = []
+        self.blockwise_tasks: dict[tuple[object, ...], list[str]] = {}
 
     # -- where blocks are ----------------------------------------------------------------
     def part_classes(self, node: int) -> dict[int, int]:
@@ -121,6 +123,12 @@ class _Lowering:
     # -- kernels ---------------------------------------------------------------------------
     def kernel(self, k: int, kernel: FusedKernel) -> None:
         g, classes = self.graph, self.classes
+        opaque = [v for v in kernel.nodes if g.nodes[v].op in OPAQUE]
+        if opaque:
+            if len(kernel.nodes) != 1:
+                raise ValueError(f"kernel {kernel.name}: {g.nodes[opaque[0]].op} must not be fused with other ops")
+            (v,) = kernel.nodes
+            return self.blockwise(k, v) if g.nodes[v].op == "blockwise" else self.store(k, v)
         inside = set(kernel.nodes)
         external: list[int] = []
         for v in kernel.nodes:
@@ -213,6 +221,66 @@ class _Lowering:
                 sel = _block_selection(self.grids[v], bidx)
                 self.blocks[v][bidx] = self.reduce_tree(f"{fn}#{v}[{','.join(map(str, bidx))}]", fn, results,
                                                         tuple(b - a for a, b in sel), _nbytes(sel, n.dtype))
+
+    def blockwise(self, k: int, v: int) -> None:
+        """One task per row block runs the job's function; sibling outputs share the task."""
+        g = self.graph
+        n = g.nodes[v]
+        fn, output, in_rows, out_rows = n.attrs
+        key = (fn.name, n.inputs, in_rows)
+        siblings = {j: m for j, m in enumerate(g.nodes)
+                    if m.op == "blockwise" and (m.attrs[0].name, m.inputs, m.attrs[2]) == key}
+        by_output = {m.attrs[1]: (j, m) for j, m in siblings.items()}
+        first = g.nodes[n.inputs[0]]
+        count = -(-first.shape[0] // in_rows[0]) if in_rows and in_rows[0] else 1
+        if key not in self.blockwise_tasks:
+            ids = []
+            for i in range(count):
+                args = []
+                for j, u in enumerate(n.inputs):
+                    shape = g.nodes[u].shape
+                    sel = [(0, s) for s in shape]
+                    rows = in_rows[j] if in_rows else None
+                    if rows:
+                        sel[0] = (i * rows, min((i + 1) * rows, shape[0]))
+                    args.append(self.block_for(u, tuple(sel)))
+                shapes = []
+                for o in range(max(by_output) + 1):
+                    m = by_output[o][1] if o in by_output else n
+                    r = m.attrs[3]
+                    shapes.append((min(r, m.shape[0] - i * r), *m.shape[1:]) if r else m.shape)
+                task = Task(f"{fn.name}#{k}[{i}]", fn, tuple(args), num_outputs=len(shapes),
+                            out_shapes=tuple(shapes),
+                            out_bytes=tuple(math.prod(sh) * np.dtype(n.dtype).itemsize for sh in shapes))
+                self.tasks.append(task)
+                ids.append(task.id)
+            self.blockwise_tasks[key] = ids
+        ids = self.blockwise_tasks[key]
+        if out_rows is None and count != 1:
+            raise ValueError(f"map_blocks {fn.name}: a whole output needs whole inputs")
+        self.blocks[v] = {(i,) + (0,) * (n.ndim - 1) if out_rows else (0,) * n.ndim: TaskResult(t, output)
+                          for i, t in enumerate(ids)}
+        if out_rows and self.grids[v].grid_shape[0] != count:
+            raise ValueError(f"map_blocks {fn.name}: output {output} has {self.grids[v].grid_shape[0]} blocks, "
+                             f"its inputs {count}")
+
+    def store(self, k: int, v: int) -> None:
+        """One write task per block of the input; their [bytes, PUTs] are summed."""
+        n = self.graph.nodes[v]
+        target, options = n.attrs
+        u = n.inputs[0]
+        results = []
+        for idx, ref in sorted(self.blocks[u].items()):
+            selection = _block_selection(self.grids[u], idx)
+            for (lo, hi), chunk, size in zip(selection, target.chunks, target.shape, strict=True):
+                if lo % chunk or (hi % chunk and hi != size):
+                    raise ValueError(f"store into {target.uri}: block {selection} does not cover whole chunks {target.chunks}")
+            task = Task(f"store {target.name}#{k}[{','.join(map(str, idx))}]",
+                        Kernel("store", WriteBlock(target, options, selection)), (ref,),
+                        out_shapes=((2,),), out_bytes=(16,))
+            self.tasks.append(task)
+            results.append(TaskResult(task.id))
+        self.blocks[v] = {(0,): self.reduce_tree(f"store#{v}", "sum", results, (2,), 16)}
 
     def reduce_tree(self, name: str, fn: str, parts: list[TaskResult], shape: tuple[int, ...],
                     nbytes: int) -> TaskResult:

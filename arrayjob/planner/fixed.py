@@ -1,0 +1,36 @@
+"""Tilings a program fixes itself, which every tiling strategy keeps.
+
+``map_blocks`` fixes how its inputs and outputs are cut into row blocks (the job's block
+function depends on it, e.g. TSQR's block height). Stored inputs of such a function are
+cut the same way, so their blocks are read as they are needed.
+"""
+
+from __future__ import annotations
+
+from arrayjob.planner.ir import Graph
+from arrayjob.planner.plan import Tiling
+
+
+def fixed_blocking(graph: Graph) -> tuple[dict[int, Tiling], dict[int, int]]:
+    """(node -> tiling, axis class -> block length) that the program requires."""
+    tilings: dict[int, Tiling] = {}
+    lengths: dict[int, int] = {}
+    classes = graph.axis_classes
+    for i, node in enumerate(graph.nodes):
+        if node.op != "blockwise":
+            continue
+        _, _, in_rows, out_rows = node.attrs
+        if out_rows:
+            tilings[i] = Tiling((0,))
+            lengths.setdefault(classes.of_axis(i, 0), out_rows)
+        else:
+            tilings[i] = Tiling()
+        for j, u in enumerate(node.inputs):
+            rows = in_rows[j] if in_rows else None
+            if rows and graph.nodes[u].op == "source":
+                tilings[u] = Tiling((0,))
+                lengths.setdefault(classes.of_axis(u, 0), rows)
+    for i, node in enumerate(graph.nodes):
+        if node.op == "store":
+            tilings[i] = Tiling()
+    return tilings, lengths
