@@ -123,7 +123,17 @@ def _load_strategies() -> None:
 
 
 def tile(plan: Plan) -> Plan:
-    return strategy("tiling", plan.options.tiling)(plan)
+    """The strategy's tilings, keeping what the program fixes itself (``map_blocks``, ``store``)."""
+    from arrayjob.planner.fixed import fixed_blocking
+
+    tiled = strategy("tiling", plan.options.tiling)(plan)
+    fixed, lengths = fixed_blocking(plan.graph)
+    if not fixed:
+        return tiled
+    assert tiled.tilings is not None
+    tilings = tuple(fixed.get(i, t) for i, t in enumerate(tiled.tilings))
+    merged = {**dict(tiled.block_lengths), **lengths}
+    return dataclasses.replace(tiled, tilings=tilings, block_lengths=tuple(sorted(merged.items())))
 
 
 def fuse(plan: Plan) -> Plan:
