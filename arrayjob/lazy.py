@@ -107,6 +107,11 @@ def from_zarr(info: ArrayInfo, check: Kernel | None = None) -> BlockArray:
     return BlockArray("source", (), info.shape, info.dtype, (info,) if check is None else (info, check))
 
 
+def cached(handle: str, shape: tuple[int, ...], dtype: str, block_shape: tuple[int, ...]) -> BlockArray:
+    """Blocks an executor keeps under ``handle`` (made by ``Session.persist``)."""
+    return BlockArray("cached", (), shape, dtype, (handle, tuple(block_shape)))
+
+
 def value(name: str, shape: tuple[int, ...], dtype: str = "float64") -> BlockArray:
     """A small driver array, bound by name at ``compute`` time (weights, centroids, ...)."""
     return BlockArray("value", (), shape, str(np.dtype(dtype)), (name,))

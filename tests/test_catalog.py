@@ -151,3 +151,58 @@ def test_invalid_inputs_are_one_clear_line(put, algorithm, arrays, params, error
     with pytest.raises(error) as raised:
         cls(table_to_dataclass(cls.Params, params, "params"), infos)
     assert str(raised.value) == message
+
+
+def _networkx_rank(edges, n, alpha=0.85):
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from(map(tuple, edges))
+    ranks = nx.pagerank(graph, alpha=alpha, tol=1e-15, max_iter=2000)
+    return np.array([ranks[i] for i in range(n)])
+
+
+@pytest.mark.parametrize("n_nodes", [None, 450])
+def test_pagerank_matches_networkx(put, n_nodes):
+    rng = np.random.default_rng(8)
+    edges = rng.integers(0, 400, size=(3000, 2))
+    edges = np.vstack([edges, edges[:100], [[3, 3], [9, 9]]])  # duplicates count once, self-loops stay
+    params = {"tol": 1e-13, "max_iter": 1000} | ({"n_nodes": n_nodes} if n_nodes else {})
+    r = run_job("pagerank", {"edges": put("edges", edges, (700, 2))}, **params)
+    n = n_nodes or int(edges.max()) + 1
+    ref = _networkx_rank(edges, n)
+    assert r.arrays["rank"].shape == (n,) and r.attrs["converged"]
+    assert np.abs(r.arrays["rank"] - ref).sum() <= 1e-6
+    assert r.arrays["rank"].sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_pagerank_keeps_the_graph_between_iterations(put):
+    edges = np.random.default_rng(9).integers(0, 200, size=(2000, 2))
+    cls = get_job("pagerank")
+    job = cls(table_to_dataclass(cls.Params, {"tol": 1e-10}, "params"), {"edges": put("edges", edges, (500, 2))})
+    executor = LocalExecutor(StorageOptions())
+    session = Session(executor, PlanOptions(cluster=ClusterShape(nodes=2, workers_per_node=2), **PLANNER))
+    r = job.run(JobContext(session, executor.metrics))
+    load, fit = executor.metrics.stages
+    # the edges are read once (in load); iterations read nothing and rebuild nothing
+    assert load.storage.get_requests > 0 and fit.storage.get_requests == 0
+    # the same tasks each iteration: per target block (2 per worker) an SpMV and, unfused,
+    # the multiply and add of the update; the build (splits, shuffle, CSR blocks) is not rerun
+    iterations, blocks = r.attrs["iterations"], 2 * 4
+    assert iterations > 3 and fit.tasks == iterations * 3 * blocks
+
+
+PAGERANK_BAD = [
+    (np.array([[0.5, 1.0]]), {}, "inputs.edges: expected integer node ids, got dtype float64"),
+    (np.array([[0, 1, 2]]), {}, "inputs.edges: expected an (E, 2) array of (source, target), got shape (1, 3)"),
+    (np.array([[0, 1], [5, 2]]), {"n_nodes": 4}, "inputs.edges: node id 5 is out of range for params.n_nodes = 4"),
+    (np.array([[0, 1], [-3, 2]]), {}, "inputs.edges: node ids must be >= 0, found -3"),
+]
+
+
+@pytest.mark.parametrize("edges,params,message", PAGERANK_BAD, ids=range(len(PAGERANK_BAD)))
+def test_pagerank_bad_edges(put, edges, params, message):
+    with pytest.raises(InputError) as raised:
+        run_job("pagerank", {"edges": put("edges", edges, (1, edges.shape[1]))}, **params)
+    assert str(raised.value) == message

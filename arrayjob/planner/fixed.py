@@ -33,4 +33,9 @@ def fixed_blocking(graph: Graph) -> tuple[dict[int, Tiling], dict[int, int]]:
     for i, node in enumerate(graph.nodes):
         if node.op == "store":
             tilings[i] = Tiling()
+        elif node.op == "cached":  # kept blocks are used as they are
+            block = node.attrs[1]
+            tilings[i] = Tiling(tuple(a for a, (b, s) in enumerate(zip(block, node.shape, strict=True)) if b < s))
+            for a in tilings[i].axes:
+                lengths.setdefault(classes.of_axis(i, a), block[a])
     return tilings, lengths

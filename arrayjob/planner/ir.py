@@ -20,7 +20,8 @@ blockwise  (Kernel, output, in_rows, out_rows) output ``output`` of a job's bloc
                                                (``in_rows``: rows per block of each input, or
                                                None for whole inputs; ``out_rows``: rows per
                                                block of this output, or None for whole)
-store      (ArrayInfo,)                        write the input's blocks into that Zarr array;
+cached     (handle, block_shape)               blocks kept by the executor (``Session.persist``)
+store      (ArrayInfo, StorageOptions)         write the input's blocks into that Zarr array;
                                                the value is [bytes written, PUT requests]
 =========  ==================================  =============================================
 """
@@ -88,13 +89,13 @@ class Node:
 
     @property
     def is_leaf(self) -> bool:
-        return self.op in ("source", "value", "const")
+        return self.op in ("source", "value", "const", "cached")
 
     def label(self) -> str:
         """A short human name: ``exp``, ``sum(0)``, ``einsum(ij,j->i)``, ``X``."""
         if self.op == "source":
             return self.attrs[0].name
-        if self.op in ("value", "map"):
+        if self.op in ("value", "map", "cached"):
             return str(self.attrs[0])
         if self.op == "const":
             return repr(self.attrs[0])

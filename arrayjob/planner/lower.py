@@ -23,6 +23,7 @@ from arrayjob.planner.kernels import COMBINE, Assemble, BlockKernel, Step
 from arrayjob.planner.physical import (
     Arg,
     BlockGrid,
+    CachedBlock,
     DriverValue,
     Kernel,
     PhysicalPlan,
@@ -83,6 +84,13 @@ class _Lowering:
             source = Source(n.attrs[0], self.grids[node], n.attrs[1] if len(n.attrs) > 1 else None)
             self.sources.append(source)
             self.blocks[node] = {idx: SourceBlock(source.array.name, idx) for idx in source.grid.indices()}
+        elif n.op == "cached":
+            grid = self.grids[node]
+            self.blocks[node] = {
+                idx: CachedBlock(n.attrs[0], k, tuple(b - a for a, b in _block_selection(grid, idx)),
+                                 _nbytes(_block_selection(grid, idx), n.dtype))
+                for k, idx in enumerate(sorted(grid.indices()))
+            }
         elif n.op == "value":
             if self.plan.tilings[node].axes:
                 raise ValueError(f"driver value {n.attrs[0]!r} must be whole, not cut")
@@ -323,7 +331,7 @@ class _Lowering:
                 computed_by[v] = k
         done: set[int] = set()
         for i, n in enumerate(self.graph.nodes):
-            if n.op in ("source", "value"):
+            if n.op in ("source", "value", "cached"):
                 self.leaf_blocks(i)
         for k, kernel in enumerate(self.plan.kernels):
             if k not in done:

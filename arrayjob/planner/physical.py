@@ -80,7 +80,17 @@ class DriverValue:
     nbytes: int = 0
 
 
-Arg = SourceBlock | TaskResult | DriverValue
+@dataclass(frozen=True)
+class CachedBlock:
+    """Block ``position`` of an array the executor keeps (``Session.persist``)."""
+
+    handle: str
+    position: int
+    shape: tuple[int, ...] = ()
+    nbytes: int = 0
+
+
+Arg = SourceBlock | TaskResult | DriverValue | CachedBlock
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from arrayjob.errors import InputError
 from arrayjob.io.arrays import read_block
 from arrayjob.io.storage import StorageCounters, StorageOptions
 from arrayjob.planner.physical import (
+    CachedBlock,
     PhysicalPlan,
     Source,
     SourceBlock,
@@ -32,6 +33,15 @@ class Executor(Protocol):
 
     def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:
         """Run ``plan`` with the driver values; returns the results named by ``plan.outputs``."""
+
+    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
+        """Run ``plan`` and keep its outputs, unfetched, as blocks 0, 1, ... of ``handle``."""
+
+    def alias(self, name: str, handle: str, positions: range) -> None:
+        """Name blocks ``positions`` of ``handle`` as blocks 0, 1, ... of ``name``."""
+
+    def release(self, name: str) -> None:
+        """Forget the blocks kept under ``name``."""
 
 
 def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
@@ -55,6 +65,7 @@ class LocalExecutor:
         self.options = options
         self.metrics = metrics or RunMetrics()
         self._blocks: dict[tuple[Source, tuple[int, ...]], np.ndarray] = {}
+        self._kept: dict[str, list[Any]] = {}
 
     def _block(self, plan: PhysicalPlan, ref: SourceBlock) -> np.ndarray:
         source = plan.source(ref.array)
@@ -71,6 +82,15 @@ class LocalExecutor:
             for index in source.grid.indices():
                 self._block(plan, SourceBlock(source.array.name, index))
 
+    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
+        self._kept[handle] = self.run(plan, values)
+
+    def alias(self, name: str, handle: str, positions: range) -> None:
+        self._kept[name] = [self._kept[handle][p] for p in positions]
+
+    def release(self, name: str) -> None:
+        self._kept.pop(name, None)
+
     def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:
         results: dict[str, tuple[Any, ...]] = {}
         for task in plan.tasks:
@@ -80,6 +100,8 @@ class LocalExecutor:
                     args.append(self._block(plan, arg))
                 elif isinstance(arg, TaskResult):
                     args.append(results[arg.task][arg.output])
+                elif isinstance(arg, CachedBlock):
+                    args.append(self._kept[arg.handle][arg.position])
                 else:
                     args.append(values[arg.name])
             out = task.kernel.fn(*args)

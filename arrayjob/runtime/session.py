@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from arrayjob.lazy import BlockArray, capture
+from arrayjob.lazy import BlockArray, cached, capture
 from arrayjob.planner.lower import assemble_outputs
 from arrayjob.planner.plan import Plan, PlanOptions, cached_plan
 from arrayjob.runtime.executor import Executor
+
+_handles = itertools.count()
 
 
 class Session:
@@ -34,9 +37,33 @@ class Session:
         assert plan.physical is not None
         self.executor.load(plan.physical)
 
-    def compute(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """Run the program that yields ``outputs``; returns them as NumPy arrays."""
+    def persist(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None,
+                ) -> dict[str, BlockArray]:
+        """Compute ``outputs`` and keep their blocks where they are; returns lazy arrays of them.
+
+        Later programs use the kept blocks without recomputing them (e.g. PageRank's graph,
+        built once and multiplied every iteration). ``release`` frees them.
+        """
         plan = self.plan(outputs)
+        assert plan.physical is not None
+        handle = f"persist-{next(_handles)}"
+        self.executor.keep(plan.physical, self._bind(plan, values), handle)
+        kept: dict[str, BlockArray] = {}
+        position = 0
+        for name, out in zip(outputs, plan.assembly, strict=True):
+            node = plan.graph.nodes[out.node]
+            array_handle = f"{handle}:{name}"
+            self.executor.alias(array_handle, handle, range(position, position + len(out.blocks)))
+            position += len(out.blocks)
+            kept[name] = cached(array_handle, node.shape, node.dtype, plan.grid(out.node).block_shape)
+        self.executor.release(handle)  # the per-array names hold the blocks now
+        return kept
+
+    def release(self, arrays: Mapping[str, BlockArray]) -> None:
+        for array in arrays.values():
+            self.executor.release(array.attrs[0])
+
+    def _bind(self, plan: Plan, values: Mapping[str, Any] | None) -> dict[str, Any]:
         bound = dict(values or {})
         for node in plan.graph.nodes:
             if node.op == "value":
@@ -47,6 +74,11 @@ class Session:
                 if array.shape != node.shape:
                     raise ValueError(f"compute: value {name!r} has shape {array.shape}, expected {node.shape}")
                 bound[name] = array
+        return bound
+
+    def compute(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """Run the program that yields ``outputs``; returns them as NumPy arrays."""
+        plan = self.plan(outputs)
         assert plan.physical is not None
-        results = self.executor.run(plan.physical, bound)
+        results = self.executor.run(plan.physical, self._bind(plan, values))
         return dict(zip(outputs, assemble_outputs(plan, results), strict=True))
