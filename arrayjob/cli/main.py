@@ -34,6 +34,13 @@ fusion_option = click.option("--fusion", type=click.Choice(["cost", "all", "none
 placement_option = click.option("--placement", type=click.Choice(["lshs", "roundrobin", "ray"]),
                                 help="Placement strategy.")
 
+instance_option = click.option("--instance-type", default="local", show_default=True,
+                               help="Instance type from the price table.")
+prices_option = click.option("--prices", "prices_path", type=click.Path(dir_okay=False), help="Price table (TOML).")
+profile_option = click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
+                              help="Machine profile from `arrayjob calibrate`.")
+max_cost_option = click.option("--max-cost", type=click.FloatRange(min=0), help="Fail (exit 3) above this many dollars.")
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="arrayjob")
@@ -56,15 +63,20 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @tiling_option
 @fusion_option
 @placement_option
+@max_cost_option
+@instance_option
 @debug_option
 def run(spec: str, overrides: tuple[str, ...], overwrite: bool, as_json: bool, tiling: str | None,
-        fusion: str | None, placement: str | None, debug: bool) -> None:
+        fusion: str | None, placement: str | None, max_cost: float | None, instance_type: str, debug: bool) -> None:
     """Run the job in SPEC and publish its result, report and _SUCCESS."""
     from arrayjob import runner
     from arrayjob.cli.format import summary
     from arrayjob.spec import load_spec
 
     job = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *_overrides(overrides)])
+    if max_cost is not None:  # checked before anything starts
+        _check_cost(_estimate(job, runner.prepare(job), nodes=1, instance_type=instance_type, iterations=None,
+                              prices_path=None, profile_path=None), max_cost)
     outcome = runner.run(job, overwrite=overwrite)
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
@@ -101,12 +113,80 @@ def plan(spec: str, overrides: tuple[str, ...], stop_after: str, nodes: int, wor
     job_spec = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *overrides])
     job = runner.prepare(job_spec)
     cluster = ClusterShape(nodes=nodes, workers_per_node=workers_per_node or os.cpu_count() or 1)
-    graph = capture(list(job.program().values()))
+    graph = capture(list(job.program(cluster.workers).values()))
     options = runner.plan_options(job_spec, cluster)
     result = make_plan(graph, options, stop_after)
     title = f"{job_spec.name}: {job.describe()} — plan of one pass, after {stop_after}"
     click.echo(render(result, fmt, title, header={"job": job_spec.name, "algorithm": job_spec.algorithm,
                                                   "stop_after": stop_after}))
+
+
+def _estimate(job_spec, job, *, nodes: int, instance_type: str, iterations: int | None,
+              prices_path: str | None, profile_path: str | None):  # type: ignore[no-untyped-def]
+    from arrayjob.costing.estimate import estimate_job
+    from arrayjob.costing.prices import load_prices
+    from arrayjob.costing.profile import load_profile
+
+    prices = load_prices(prices_path)
+    return estimate_job(job, job_spec, nodes=nodes, instance=prices.instance(instance_type), prices=prices,
+                        profile=load_profile(profile_path), iterations=iterations)
+
+
+def _check_cost(est, max_cost: float | None) -> None:  # type: ignore[no-untyped-def]
+    from arrayjob.errors import CostLimitError
+
+    total = est.dollars()["total"]
+    if max_cost is not None and total > max_cost:
+        raise CostLimitError(f"estimated cost ${total:.4f} exceeds --max-cost ${max_cost:g}")
+
+
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@instance_option
+@click.option("--iterations", type=click.IntRange(min=1), help="Iterations to assume [default: params.max_iter].")
+@max_cost_option
+@prices_option
+@profile_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@debug_option
+def estimate(spec: str, overrides: tuple[str, ...], nodes: int, instance_type: str, iterations: int | None,
+             max_cost: float | None, prices_path: str | None, profile_path: str | None, fmt: str, debug: bool) -> None:
+    """Predict time, memory, traffic and dollars for SPEC, reading metadata only."""
+    from arrayjob import runner
+    from arrayjob.costing.table import table
+    from arrayjob.spec import load_spec
+
+    job_spec = load_spec(spec, list(overrides))
+    job = runner.prepare(job_spec)
+    est = _estimate(job_spec, job, nodes=nodes, instance_type=instance_type, iterations=iterations,
+                    prices_path=prices_path, profile_path=profile_path)
+    click.echo(json.dumps(est.as_dict(), indent=2) if fmt == "json" else table(est))
+    _check_cost(est, max_cost)
+
+
+@cli.command()
+@click.option("--bucket", default=".arrayjob/bucket", show_default=True, help="Bucket URI to measure.")
+@click.option("--output", type=click.Path(dir_okay=False), help="Where to save [default: .arrayjob/profile.json].")
+@set_option
+@debug_option
+def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug: bool) -> None:
+    """Measure this machine (or the connected cluster) and the bucket for `estimate`."""
+    from arrayjob.costing.calibrate import calibrate as measure
+    from arrayjob.costing.profile import save_profile
+    from arrayjob.io.storage import StorageOptions, parse_uri
+    from arrayjob.runtime.cluster import ray_cluster
+    from arrayjob.spec import ClusterOptions
+
+    address = os.environ.get("RAY_ADDRESS", "local")
+    with ray_cluster(ClusterOptions(address=address)) as cluster:
+        profile = measure(parse_uri(bucket, key="--bucket"), StorageOptions(), cluster.node_ids, cluster.cpus)
+    path = save_profile(profile, output)
+    click.echo(f"saved {path}:")
+    click.echo(profile.to_json())
 
 
 @cli.command()

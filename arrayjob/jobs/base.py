@@ -54,8 +54,25 @@ class Job(ABC):
         """Raise InputError naming the array when shapes or dtypes do not fit."""
 
     @abstractmethod
-    def program(self) -> dict[str, BlockArray]:
+    def program(self, workers: int = 2) -> dict[str, BlockArray]:
         """The lazy program of one pass (one iteration) over the inputs: what gets planned."""
+
+    def iterations_assumed(self, iterations: int | None = None) -> tuple[int, str]:
+        """How many iterations an estimate assumes, and why."""
+        max_iter = getattr(self.params, "max_iter", None)
+        if max_iter is None:
+            return 1, "a single pass"
+        if iterations:
+            return iterations, "--iterations"
+        return max_iter, "params.max_iter, an upper bound"
+
+    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, BlockArray], int]]:
+        """The programs a run executes and how many times each (for estimates)."""
+        return [(self.program(workers), iterations)]
+
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        """The arrays a run writes: (shape, dtype, chunk rows or None for one chunk)."""
+        return []
 
     @abstractmethod
     def run(self, ctx: JobContext) -> JobResult: ...

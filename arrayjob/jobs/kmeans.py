@@ -78,8 +78,17 @@ class KMeans(Job):
         X = self.arrays["X"]
         return f"{self.title}, k = {self.params.k}, on X {X.shape[0]:,} × {X.shape[1]:,}"
 
-    def program(self) -> dict[str, la.BlockArray]:
+    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
         return kmeans_program(la.from_zarr(self.arrays["X"]), self.params.k, final=False)
+
+    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
+        X = la.from_zarr(self.arrays["X"])
+        stats = {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}
+        return [(stats, 1), (self.program(workers), iterations), (kmeans_program(X, self.params.k, final=True), 1)]
+
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        X = self.arrays["X"]
+        return [((self.params.k, X.shape[1]), "float64", None), ((X.shape[0],), "int64", X.chunks[0])]
 
     def _sample(self, storage: StorageOptions, rng: np.random.Generator) -> np.ndarray:
         """Whole chunks of X, chosen at random, up to SAMPLE_ROWS rows (all of X if small)."""

@@ -57,6 +57,9 @@ class LinearRegression(Job):
         X = self.arrays["X"]
         return f"{self.title} ({self.params.method}) on X {X.shape[0]:,} × {X.shape[1]:,}"
 
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        return [((self.arrays["X"].shape[1],), "float64", None), ((1,), "float64", None)]
+
     def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
         X = la.from_zarr(self.arrays["X"])
         y = la.from_zarr(self.arrays["y"])

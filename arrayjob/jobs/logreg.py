@@ -69,7 +69,13 @@ class LogisticRegression(Job):
         X = self.arrays["X"]
         return f"{self.title} ({self.params.solver}) on X {X.shape[0]:,} × {X.shape[1]:,}"
 
-    def program(self) -> dict[str, la.BlockArray]:
+    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
+        return [(self.program(workers), iterations + 1)]  # and the final objective
+
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        return [((self.arrays["X"].shape[1],), "float64", None), ((1,), "float64", None)]
+
+    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
         """Loss and gradient (Newton: and Hessian) of the summed loss, in one pass over X."""
         X = la.from_zarr(self.arrays["X"])
         y = la.from_zarr(self.arrays["y"], check=CHECK_LABELS)

@@ -132,6 +132,14 @@ class PageRank(Job):
         graph = la.cached("graph", kept["graph"].shape, "object", (1, 1))
         return self._iteration(graph, n, block)
 
+    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
+        n = self.params.n_nodes or max(1, self.arrays["edges"].shape[0])
+        build, _ = self._build(n, workers)
+        return [(build, 1), (self.program(workers), iterations)]
+
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        return [((self.params.n_nodes or max(1, self.arrays["edges"].shape[0]),), "float64", None)]
+
     def _iteration(self, graph: la.BlockArray, n: int, block: int) -> dict[str, la.BlockArray]:
         (y,) = la.map_blocks(Kernel("spmv", spmv), graph, la.value("x", (n,)), outputs=[((n,), "float64", block)],
                              block_rows=[1, None])

@@ -73,7 +73,11 @@ class MTTKRP(Job):
         F = self.arrays[MODES[self.params.mode][1][0]].shape[1]
         return f"{self.title} mode {self.params.mode}, rank {F}, on X {' × '.join(f'{s:,}' for s in self.arrays['X'].shape)}"
 
-    def program(self) -> dict[str, la.BlockArray]:
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        F = self.arrays[MODES[self.params.mode][1][0]].shape[1]
+        return [((self.arrays["X"].shape[self.params.mode], F), "float64", None)]
+
+    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
         names = MODES[self.params.mode][1]
         X = la.from_zarr(self.arrays["X"])
         factors = tuple(la.value(n, self.arrays[n].shape) for n in names)
@@ -129,8 +133,16 @@ class CPALS(Job):
             passes.append({"M": mttkrp_program(X, mode, factors)})  # type: ignore[arg-type]
         return norm, passes
 
-    def program(self) -> dict[str, la.BlockArray]:
+    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
         return self._programs()[1][0]
+
+    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
+        norm, modes = self._programs()
+        return [(norm, 1), *((m, iterations) for m in modes)]
+
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        F = self.params.rank
+        return [((F,), "float64", None), *(((s, F), "float64", None) for s in self.arrays["X"].shape)]
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params

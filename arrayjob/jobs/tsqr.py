@@ -118,6 +118,10 @@ class TSQR(Job):
         assert q is not None
         return {"Q": q, "R": r}
 
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        A = self.arrays["A"]
+        return [(A.shape, "float64", A.chunks[0]), ((A.shape[1], A.shape[1]), "float64", None)]
+
     def run(self, ctx: JobContext) -> JobResult:
         A = self.arrays["A"]
         n, d = A.shape

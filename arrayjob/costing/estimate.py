@@ -1,0 +1,173 @@
+"""The estimate: a job's plan, priced. Same keys as ``report.json`` (docs/report.md).
+
+Quantities come from the planner's cost of each program the job runs (storage bytes and
+requests, bytes between nodes, bytes touched, flops, tasks, peak memory per node); time
+comes from those quantities and a measured ``MachineProfile``; dollars from node-hours
+and requests at the price table's rates. Nothing here reads data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from arrayjob.costing.prices import Instance, PriceTable
+from arrayjob.costing.profile import MachineProfile
+from arrayjob.lazy import capture
+from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
+
+STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
+
+
+@dataclass
+class StageEstimate:
+    name: str
+    runs: int = 1
+    bytes_read: int = 0
+    get_requests: int = 0
+    bytes_written: int = 0
+    put_requests: int = 0
+    bytes_between_nodes: int = 0
+    bytes_touched: int = 0
+    flops: float = 0.0
+    tasks: int = 0
+    peak_bytes_per_node: list[int] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "runs": self.runs, "wall_seconds": round(self.wall_seconds, 4),
+            "storage.bytes_read": self.bytes_read, "storage.get_requests": self.get_requests,
+            "storage.bytes_written": self.bytes_written, "storage.put_requests": self.put_requests,
+            "network.bytes_between_nodes": self.bytes_between_nodes, "memory.bytes_touched": self.bytes_touched,
+            "flops": self.flops, "tasks.count": self.tasks,
+        }
+
+
+@dataclass
+class Estimate:
+    job: str
+    stages: list[StageEstimate]
+    nodes: int
+    instance: Instance
+    prices: PriceTable
+    profile: MachineProfile
+    iterations: int
+    iterations_source: str
+    memory_warning: str = ""
+
+    def total(self, key: str) -> float:
+        return sum(getattr(s, key) for s in self.stages)
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.total("wall_seconds")
+
+    @property
+    def peak_bytes_per_node(self) -> list[int]:
+        peaks = [s.peak_bytes_per_node for s in self.stages if s.peak_bytes_per_node]
+        return [max(p[i] for p in peaks) for i in range(len(peaks[0]))] if peaks else [0] * self.nodes
+
+    @property
+    def node_seconds(self) -> float:
+        return self.wall_seconds * self.nodes
+
+    def dollars(self) -> dict[str, float]:
+        compute = self.node_seconds / 3600 * self.instance.usd_per_hour
+        gets = self.total("get_requests") / 1000 * self.prices.get_per_1000
+        puts = self.total("put_requests") / 1000 * self.prices.put_per_1000
+        return {"compute": compute, "get_requests": gets, "put_requests": puts, "total": compute + gets + puts}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "wall_seconds": round(self.wall_seconds, 4),
+            "storage": {"bytes_read": int(self.total("bytes_read")), "get_requests": int(self.total("get_requests")),
+                        "bytes_written": int(self.total("bytes_written")),
+                        "put_requests": int(self.total("put_requests"))},
+            "network": {"bytes_between_nodes": int(self.total("bytes_between_nodes"))},
+            "memory": {"peak_bytes_per_node": self.peak_bytes_per_node,
+                       "bytes_touched": int(self.total("bytes_touched"))},
+            "flops": float(self.total("flops")),
+            "tasks": {"count": int(self.total("tasks")), "retries": 0},
+            "nodes": {"count": self.nodes, "instance_type": self.instance.name,
+                      "node_seconds": round(self.node_seconds, 3)},
+            "dollars": {k: round(v, 6) for k, v in self.dollars().items()},
+            "stages": [s.as_dict() for s in self.stages],
+            "iterations": {"assumed": self.iterations, "from": self.iterations_source},
+            "assumptions": self.assumptions(),
+            **({"warning": self.memory_warning} if self.memory_warning else {}),
+        }
+
+    def assumptions(self) -> list[str]:
+        p = self.profile
+        return [
+            f"{self.nodes} × {self.instance.name} ({self.instance.vcpus} vCPUs, {self.instance.memory_gib:g} GiB, "
+            f"${self.instance.usd_per_hour:g}/hour), price table {self.prices.version}",
+            f"storage ${self.prices.get_per_1000:g} per 1,000 GET, ${self.prices.put_per_1000:g} per 1,000 PUT",
+            f"profile: {p.name}{' measured ' + p.measured_at if p.measured_at else ''}",
+            f"{self.iterations} iteration(s) ({self.iterations_source})",
+        ]
+
+
+def _seconds(stage: StageEstimate, profile: MachineProfile, cluster: ClusterShape) -> float:
+    workers, nodes = cluster.workers, cluster.nodes
+    storage = (stage.bytes_read / (profile.storage_read_bytes_per_s * nodes)
+               + stage.get_requests * profile.request_seconds / (STORAGE_CONCURRENCY * nodes)
+               + stage.bytes_written / (profile.storage_write_bytes_per_s * nodes)
+               + stage.put_requests * profile.request_seconds / (STORAGE_CONCURRENCY * nodes))
+    compute = (stage.bytes_touched / profile.memory_bytes_per_s + stage.flops / profile.flops_per_s) / workers
+    overhead = stage.tasks * profile.task_overhead_seconds / workers
+    network = stage.bytes_between_nodes / (profile.network_bytes_per_s * max(1, nodes))
+    return storage + compute + overhead + network
+
+
+def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices: PriceTable,
+                 profile: MachineProfile, iterations: int | None = None) -> Estimate:
+    """Plan every program ``job`` runs on ``nodes`` × ``instance`` and price it."""
+    cluster = ClusterShape(nodes=nodes, workers_per_node=max(1, instance.vcpus),
+                           memory_per_node=int(instance.memory_gib * 2**30))
+    options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
+                          placement=spec.planner.placement, cluster=cluster)
+    assumed, source = job.iterations_assumed(iterations)
+    load = StageEstimate("load")
+    fit = StageEstimate("fit", runs=0)
+    sources_seen: set[object] = set()
+    peaks: list[list[int]] = []
+    for program, runs in job.passes(assumed, cluster.workers):
+        plan = make_plan(capture(list(program.values())), options)
+        cost = plan.cost
+        assert plan.physical is not None and cost is not None
+        fresh = [s for s in plan.physical.sources if s.array.uri not in sources_seen]
+        if fresh:  # stored blocks are read once, then kept for the job
+            load.bytes_read += cost.bytes_read
+            load.get_requests += cost.get_requests
+            sources_seen.update(s.array.uri for s in fresh)
+        fit.runs += runs
+        fit.bytes_between_nodes += runs * cost.bytes_between_nodes
+        fit.bytes_touched += runs * cost.bytes_touched
+        fit.flops += runs * cost.flops
+        fit.tasks += runs * cost.tasks
+        peaks.append(list(cost.peak_bytes_per_node))
+    write = StageEstimate("write")
+    for shape, dtype, chunk_rows in job.outputs_estimate():
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        write.bytes_written += nbytes
+        chunks = math.ceil(shape[0] / chunk_rows) if shape and chunk_rows else 1
+        write.put_requests += chunks + 1  # chunks and the array's metadata
+    write.put_requests += 3  # group metadata, report.json, _SUCCESS
+    connect = StageEstimate("connect", wall_seconds=profile.startup_seconds)
+    stages = [connect, load, fit, write]
+    for stage in (load, fit, write):
+        stage.wall_seconds = _seconds(stage, profile, cluster)
+    fit.peak_bytes_per_node = [max(p[i] for p in peaks) for i in range(len(peaks[0]))] if peaks else []
+    result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source)
+    peak = max(result.peak_bytes_per_node, default=0)
+    if peak > cluster.memory_per_node:
+        need = math.ceil(sum(result.peak_bytes_per_node) / (0.8 * cluster.memory_per_node))
+        result.memory_warning = (f"planned peak memory {peak / 1e9:.1f} GB per node exceeds the "
+                                 f"{instance.memory_gib:g} GiB of {instance.name}; use about {need} nodes")
+    return result

@@ -1,0 +1,57 @@
+"""The price table: instance dollars per hour and storage dollars per 1,000 requests.
+
+A versioned TOML file ships with arrayjob (``prices.toml`` beside this module); users
+override it with ``--prices FILE`` or ``ARRAYJOB_PRICES``. Every estimate names the
+table's version among its assumptions.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from arrayjob.errors import SpecError
+
+DEFAULT = Path(__file__).with_name("prices.toml")
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    usd_per_hour: float
+    vcpus: int
+    memory_gib: float
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    version: str
+    source: str
+    get_per_1000: float
+    put_per_1000: float
+    instances: dict[str, Instance]
+
+    def instance(self, name: str) -> Instance:
+        try:
+            return self.instances[name]
+        except KeyError:
+            raise SpecError(f"--instance-type: {name!r} is not in price table {self.version} "
+                            f"(expected one of: {', '.join(sorted(self.instances))})") from None
+
+
+def load_prices(path: str | Path | None = None) -> PriceTable:
+    path = Path(path or os.environ.get("ARRAYJOB_PRICES") or DEFAULT)
+    try:
+        raw = tomllib.loads(path.read_text())
+        instances = {
+            name: Instance(name, float(v["usd_per_hour"]), int(v["vcpus"]), float(v["memory_gib"]))
+            for name, v in raw["instances"].items()
+        }
+        return PriceTable(str(raw["version"]), str(path), float(raw["storage"]["get_per_1000"]),
+                          float(raw["storage"]["put_per_1000"]), instances)
+    except FileNotFoundError:
+        raise SpecError(f"--prices: no price table at {path}") from None
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"--prices: {path} is not a valid price table: {exc}") from None

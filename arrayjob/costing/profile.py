@@ -1,0 +1,67 @@
+"""A machine profile: the rates the time model needs, measured by ``arrayjob calibrate``.
+
+A default profile ships (measured on a 2-core, 24 GiB cloud VM with a loopback S3
+server); ``estimate`` says which profile it used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from arrayjob.errors import SpecError
+
+DEFAULT_PATH = Path(".arrayjob/profile.json")
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    name: str
+    memory_bytes_per_s: float  # one core streaming through memory
+    flops_per_s: float  # one core, float64 GEMM
+    storage_read_bytes_per_s: float  # parallel GETs from the bucket
+    storage_write_bytes_per_s: float
+    request_seconds: float  # latency of one small GET
+    task_overhead_seconds: float  # Ray, per task
+    network_bytes_per_s: float  # between nodes (memory rate on one node)
+    startup_seconds: float = 3.0  # starting a local Ray instance
+    measured_at: str = ""
+    bucket: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+
+SHIPPED = MachineProfile(
+    name="shipped default (2-core 24 GiB VM, loopback S3)",
+    memory_bytes_per_s=8e9,
+    flops_per_s=2e10,
+    storage_read_bytes_per_s=4e8,
+    storage_write_bytes_per_s=2e8,
+    request_seconds=0.004,
+    task_overhead_seconds=0.002,
+    network_bytes_per_s=1e9,
+)
+
+
+def load_profile(path: str | Path | None = None) -> MachineProfile:
+    """The profile at ``path``, else the one ``calibrate`` saved here, else the shipped one."""
+    candidate = Path(path) if path else DEFAULT_PATH
+    if not candidate.exists():
+        if path:
+            raise SpecError(f"--profile: no profile at {path} (run arrayjob calibrate)")
+        return SHIPPED
+    try:
+        raw = json.loads(candidate.read_text())
+        return MachineProfile(**raw)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"--profile: {candidate} is not a machine profile: {exc}") from None
+
+
+def save_profile(profile: MachineProfile, path: str | Path | None = None) -> Path:
+    target = Path(path) if path else DEFAULT_PATH
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(profile.to_json() + "\n")
+    return target

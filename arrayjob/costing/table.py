@@ -1,0 +1,71 @@
+"""The estimate as people read it: an infracost-style table and a one-line summary."""
+
+from __future__ import annotations
+
+from arrayjob.cli.format import size
+from arrayjob.costing.estimate import Estimate
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _money(x: float) -> str:
+    return f"${x:,.2f}" if x >= 0.01 or x == 0 else f"${x:.4f}"
+
+
+def table(est: Estimate) -> str:
+    d = est.dollars()
+    rows: list[tuple[str, str, str, str]] = []
+
+    def stage_rows(title: str, items: list[tuple[str, str, str, str]]) -> None:
+        rows.append((title, "", "", ""))
+        for i, (name, qty, unit, cost) in enumerate(items):
+            rows.append((("└─ " if i == len(items) - 1 else "├─ ") + name, qty, unit, cost))
+
+    by = {s.name: s for s in est.stages}
+    load, fit, write = by["load"], by["fit"], by["write"]
+    stage_rows("connect", [("Start or reach Ray", f"{by['connect'].wall_seconds:.1f}", "s", "")])
+    stage_rows("load", [
+        ("Storage read", size(load.bytes_read), "", ""),
+        ("GET requests", f"{load.get_requests:,}", "requests", _money(d["get_requests"])),
+        ("Wall time", f"{load.wall_seconds:.2f}", "s", ""),
+    ])
+    stage_rows(f"fit ({fit.runs:,} passes)", [
+        ("Between nodes", size(fit.bytes_between_nodes), "", ""),
+        ("Memory touched", size(fit.bytes_touched), "", ""),
+        ("FLOPs", f"{fit.flops:.3g}", "flop", ""),
+        ("Tasks", f"{fit.tasks:,}", "tasks", ""),
+        ("Wall time", f"{fit.wall_seconds:.2f}", "s", ""),
+    ])
+    stage_rows("write", [
+        ("Storage written", size(write.bytes_written), "", ""),
+        ("PUT requests", f"{write.put_requests:,}", "requests", _money(d["put_requests"])),
+        ("Wall time", f"{write.wall_seconds:.2f}", "s", ""),
+    ])
+    rows.append((f"compute: {est.nodes} × {est.instance.name}", f"{est.node_seconds / 3600:.4f}", "node-hours",
+                 _money(d["compute"])))
+    width = max(len(r[0]) for r in rows) + 2
+    lines = [f" {'Name':<{width}}{'Quantity':>12}  {'Unit':<12}{'Cost':>10}"]
+    lines += [f" {n:<{width}}{q:>12}  {u:<12}{c:>10}" for n, q, u, c in rows]
+    lines.append("")
+    lines.append(f" {'OVERALL TOTAL':<{width}}{'':>12}  {'':<12}{_money(d['total']):>10}")
+    lines.append("─" * (width + 37))
+    peak = max(est.peak_bytes_per_node, default=0)
+    lines.append(f" Peak memory per node: {size(peak)} (of {est.instance.memory_gib:g} GiB)")
+    if est.memory_warning:
+        lines.append(f" WARNING: {est.memory_warning}")
+    lines += [f" Assumes: {a}" for a in est.assumptions()]
+    lines.append("")
+    lines.append(summary(est))
+    return "\n".join(lines)
+
+
+def summary(est: Estimate) -> str:
+    load = next(s for s in est.stages if s.name == "load")
+    return (f"This job will read {size(load.bytes_read)} in {load.get_requests:,} requests and run about "
+            f"{_duration(est.wall_seconds)} on {est.nodes} × {est.instance.name}: about {_money(est.dollars()['total'])}.")

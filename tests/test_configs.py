@@ -1,0 +1,51 @@
+"""Every shipped config runs end to end on its demo data, on a local directory and on S3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import read_group, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+DEMOS = {
+    "logreg": (["--rows", "3000", "--cols", "4", "--chunk-rows", "500"], {"coef", "intercept"}),
+    "linreg": (["--rows", "3000", "--cols", "4", "--chunk-rows", "500"], {"coef", "intercept"}),
+    "kmeans": (["--rows", "3000", "--cols", "3", "--chunk-rows", "500", "--k", "8"], {"centroids", "labels"}),
+    "tsqr": (["--rows", "3000", "--cols", "5", "--chunk-rows", "500"], {"Q", "R"}),
+    "mttkrp": (["--shape", "20,15,10", "--chunk-rows", "4", "--rank", "4"], {"M"}),
+    "cp_als": (["--shape", "20,15,10", "--chunk-rows", "4", "--rank", "3"], {"weights", "A", "B", "C"}),
+    "pagerank": (["--rows", "300", "--edges", "3000", "--chunk-rows", "700"], {"rank"}),
+}
+CONFIG_NAME = {"cp_als": "cp-als"}
+
+
+@pytest.fixture(params=["local", "s3"])
+def bucket(request, workdir, monkeypatch):
+    if request.param == "local":
+        return str(workdir / "bucket"), None
+    endpoint = request.getfixturevalue("s3_endpoint")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)  # for datagen on the driver
+    return f"s3://{request.getfixturevalue('s3_bucket')}", endpoint
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("algorithm", sorted(DEMOS))
+def test_config_runs_on_demo_data(algorithm, bucket, monkeypatch, capsys):
+    base, endpoint = bucket
+    monkeypatch.setenv("ARRAYJOB_BUCKET", base)
+    args, arrays = DEMOS[algorithm]
+    code, _, err = run_cli(["datagen", algorithm, f"{base}/demo/{algorithm}", *args], capsys)
+    assert code == 0, err
+    extra = ["--set", f"storage.endpoint_url={endpoint}"] if endpoint else []
+    code, out, err = run_cli(["run", str(REPO / f"configs/{algorithm}.toml"), "--json", *extra], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["algorithm"] == algorithm and report["wall_seconds"] > 0
+    name = CONFIG_NAME.get(algorithm, algorithm)
+    group = read_group(f"{base}/results/{name}-demo/result.zarr", endpoint)
+    assert set(group.array_keys()) == arrays

@@ -1,0 +1,73 @@
+"""`arrayjob estimate` and `calibrate`: predictions from metadata, prices, and the cost limit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from arrayjob.costing.prices import load_prices
+from tests.helpers import logreg_data, run_cli, write_array, write_spec
+
+KEYS = {"wall_seconds", "storage", "network", "memory", "tasks", "nodes", "dollars", "stages"}
+
+
+@pytest.fixture
+def spec(workdir):
+    X, y = logreg_data(4000, 6)
+    write_array("X.zarr", X, (500, 6))
+    write_array("y.zarr", y, (500,))
+    return str(write_spec(workdir / "s.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out",
+                          params="max_iter = 20\n"))
+
+
+def test_estimate_reads_no_chunk(spec, workdir, capsys):
+    code, before, err = run_cli(["estimate", spec, "--format", "json"], capsys)
+    assert (code, err) == (0, "")
+    for array in ("X.zarr", "y.zarr"):
+        shutil.rmtree(workdir / array / "c")
+    code, after, _ = run_cli(["estimate", spec, "--format", "json"], capsys)
+    assert code == 0 and json.loads(after) == json.loads(before)
+    doc = json.loads(before)
+    assert set(doc) >= KEYS
+    assert doc["storage"]["bytes_read"] == 4000 * 6 * 8 + 4000 * 8  # every block once, uncompressed
+    assert doc["iterations"] == {"assumed": 20, "from": "params.max_iter, an upper bound"}
+    assert [s["name"] for s in doc["stages"]] == ["connect", "load", "fit", "write"]
+    assert doc["stages"][2]["runs"] == 21 and doc["stages"][2]["storage.bytes_read"] == 0
+    assert not (workdir / "out").exists()
+
+
+def test_more_iterations_cost_more_and_dollars_follow_the_price_table(spec, capsys):
+    docs = {}
+    for k in (5, 50):
+        code, out, _ = run_cli(["estimate", spec, "--format", "json", "--iterations", str(k), "--nodes", "4",
+                                "--instance-type", "r5.2xlarge"], capsys)
+        assert code == 0
+        docs[k] = json.loads(out)
+    assert docs[50]["wall_seconds"] > docs[5]["wall_seconds"]
+    assert docs[50]["iterations"]["from"] == "--iterations"
+    rate = load_prices().instance("r5.2xlarge").usd_per_hour
+    doc = docs[50]
+    assert doc["nodes"]["node_seconds"] == pytest.approx(4 * doc["wall_seconds"], rel=1e-3)
+    assert doc["dollars"]["compute"] == pytest.approx(doc["nodes"]["node_seconds"] / 3600 * rate, rel=1e-3)
+
+
+def test_table_ends_with_a_one_line_summary(spec, capsys):
+    code, out, _ = run_cli(["estimate", spec, "--instance-type", "m5.xlarge", "--nodes", "2"], capsys)
+    assert code == 0 and "OVERALL TOTAL" in out and "price table aws-us-east-1-2026-11" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("This job will read 224.0 kB in ") and " on 2 × m5.xlarge: about $" in last
+
+
+def test_max_cost_exits_3_before_running(spec, workdir, capsys):
+    code, _, err = run_cli(["estimate", spec, "--instance-type", "r5.4xlarge", "--nodes", "100",
+                            "--max-cost", "0.000001"], capsys)
+    assert code == 3 and err.startswith("arrayjob: error: estimated cost $") and "exceeds --max-cost" in err
+    code, out, err = run_cli(["run", spec, "--instance-type", "r5.4xlarge", "--max-cost", "0"], capsys)
+    assert code == 3 and out == "" and not (workdir / "out").exists()
+
+
+def test_unknown_instance_type(spec, capsys):
+    code, _, err = run_cli(["estimate", spec, "--instance-type", "z9.huge"], capsys)
+    assert code == 2 and err.startswith("arrayjob: error: --instance-type: 'z9.huge' is not in price table")
