@@ -1,17 +1,206 @@
-"""The cost of a physical plan, from shapes and placement alone (no data is read)."""
+"""The cost of a physical plan, from shapes and placement alone (no data is read).
+
+``ClusterLoad`` replays a plan the way the runtime runs it, task by task in plan order,
+and keeps per-node memory and network load. Three users share it, so they agree on what
+a byte moved means: ``plan_cost`` (the estimate), the ``lshs`` placement (which tries
+each node before committing), and the Ray executor (which replays a finished run with
+the nodes tasks really ran on and the sizes they really returned).
+
+The model, which is what ``runtime.ray_executor`` does:
+
+- a source block is read from storage once, on the node of the task that first uses
+  it, and stays in that node's object store for the whole job; a block kept by an
+  earlier run (``Session.persist``) is taken to be where its first consumer runs (the
+  runtime knows where it really is);
+- a driver value is put in the object store on the driver's node (node 0) at the start
+  of a run and lives for the run;
+- a task result lives on the node its task ran on, and is freed, with every copy of
+  it, once its last consumer has run; plan outputs stay until the driver has them;
+- a node that needs an object it does not hold fetches it once and keeps the copy, so
+  each (object, destination node) pair moves at most once per run;
+- results fetched by the driver at the end are not counted as moved between nodes
+  (every plan returns the same bytes to the driver, wherever it runs them).
+"""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from arrayjob.planner.kernels import BlockKernel
-from arrayjob.planner.physical import SourceBlock, TaskResult
+from arrayjob.planner.physical import (
+    Arg,
+    CachedBlock,
+    DriverValue,
+    PhysicalPlan,
+    SourceBlock,
+    Task,
+    TaskResult,
+)
 from arrayjob.planner.plan import Plan
 
 TRANSCENDENTAL = {"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "logaddexp", "power", "sin", "cos"}
+
+
+class Trial(NamedTuple):
+    """What running one task on ``node`` would do to that node's load (nothing is changed)."""
+
+    node: int
+    peak: int  # the node's memory high-water mark after the task
+    net_in: int  # bytes the node has received, after the task
+    sent: tuple[tuple[int, int], ...]  # (holding node, bytes it sends) for the inputs fetched
+    moved: int  # bytes fetched from other nodes for this task
+
+
+class ClusterLoad:
+    """Per-node memory and network load of running tasks in order (see the module docstring).
+
+    Every load figure only grows (memory is a high-water mark), which keeps the maxima
+    over nodes cheap to maintain and a trial cheap to score.
+    """
+
+    def __init__(self, physical: PhysicalPlan, nodes: int, *, driver_node: int = 0,
+                 value_bytes: Mapping[str, int] | None = None) -> None:
+        self.nodes = max(1, nodes)
+        n = self.nodes
+        self.resident = [0] * n  # bytes held now
+        self.peak = [0] * n  # high-water mark of ``resident``
+        self.net_in = [0] * n
+        self.net_out = [0] * n
+        self.work = [0] * n  # bytes touched by the tasks run on each node
+        self.tasks = [0] * n
+        self.moved = 0
+        self.max_peak = self.max_in = self.max_out = 0
+        self.home: dict[Arg, int] = {}
+        self.copies: dict[Arg, set[int]] = {}
+        self.size: dict[Arg, int] = {}
+        self._sources = {s.array.name: s for s in physical.sources}
+        self._kept = set(physical.outputs)
+        self.uses: Counter[Arg] = Counter()
+        for task in physical.tasks:
+            for arg in dict.fromkeys(task.args):
+                if isinstance(arg, TaskResult):
+                    self.uses[arg] += 1
+                elif isinstance(arg, DriverValue) and arg not in self.home:
+                    nbytes = (value_bytes or {}).get(arg.name, arg.nbytes)
+                    self.hold(arg, driver_node % n, nbytes)
+
+    # -- objects -------------------------------------------------------------------------
+    def block_bytes(self, ref: SourceBlock) -> int:
+        source = self._sources[ref.array]
+        shape = [s.stop - s.start for s in source.grid.selection(ref.index)]
+        return math.prod(shape) * np.dtype(source.array.dtype).itemsize
+
+    def object_bytes(self, arg: Arg) -> int:
+        """The size of ``arg``: as held, or as planned for a block not yet read."""
+        if arg in self.size:
+            return self.size[arg]
+        if isinstance(arg, SourceBlock):
+            return self.block_bytes(arg)
+        return arg.nbytes if isinstance(arg, CachedBlock) else 0
+
+    def hold(self, key: Arg, node: int, nbytes: int) -> None:
+        """``key`` now lives on ``node`` (a block read there, a value put there)."""
+        self.home[key] = node
+        self.copies[key] = {node}
+        self.size[key] = nbytes
+        self._grow(node, nbytes)
+
+    def reserve(self, node: int, nbytes: int) -> None:
+        """Memory ``node`` holds for something outside the plan (another plan's blocks)."""
+        self._grow(node, nbytes)
+
+    def _grow(self, node: int, nbytes: int) -> None:
+        self.resident[node] += nbytes
+        if self.resident[node] > self.peak[node]:
+            self.peak[node] = self.resident[node]
+            self.max_peak = max(self.max_peak, self.peak[node])
+
+    def _free(self, key: Arg) -> None:
+        for node in self.copies.pop(key, ()):
+            self.resident[node] -= self.size[key]
+
+    # -- tasks ---------------------------------------------------------------------------
+    def trials(self, task: Task, candidates: Iterable[int]) -> Iterator[Trial]:
+        """What running ``task`` on each candidate node would do (nothing is changed)."""
+        fresh = 0
+        held = []  # (bytes, holding node, nodes with a copy) of each input already somewhere
+        for arg in dict.fromkeys(task.args):
+            if arg in self.home:
+                held.append((self.size[arg], self.home[arg], self.copies[arg]))
+            else:  # a block not read yet (stored or kept): it is taken where the task runs
+                fresh += self.object_bytes(arg)
+        base = fresh + sum(task.out_bytes)
+        for node in candidates:
+            moved = 0
+            sent: dict[int, int] = {}
+            for nbytes, home, copies in held:
+                if node not in copies:
+                    moved += nbytes
+                    sent[home] = sent.get(home, 0) + nbytes
+            peak = max(self.peak[node], self.resident[node] + base + moved)
+            yield Trial(node, peak, self.net_in[node] + moved, tuple(sent.items()), moved)
+
+    def run(self, task: Task, node: int, out_bytes: Iterable[int] | None = None) -> int:
+        """Run ``task`` on ``node``; returns the bytes it fetched from other nodes."""
+        moved = touched = 0
+        for arg in task.args:
+            touched += self.object_bytes(arg)
+        for arg in dict.fromkeys(task.args):
+            if arg not in self.home:
+                self.hold(arg, node, self.object_bytes(arg))
+            elif node not in self.copies[arg]:
+                nbytes, home = self.size[arg], self.home[arg]
+                self.copies[arg].add(node)
+                self._grow(node, nbytes)
+                self.net_in[node] += nbytes
+                self.net_out[home] += nbytes
+                self.max_in = max(self.max_in, self.net_in[node])
+                self.max_out = max(self.max_out, self.net_out[home])
+                moved += nbytes
+        outs = tuple(out_bytes) if out_bytes is not None else (task.out_bytes or (0,) * task.num_outputs)
+        for p, nbytes in enumerate(outs):
+            key = TaskResult(task.id, p)
+            self.home[key], self.copies[key], self.size[key] = node, {node}, nbytes
+            self._grow(node, nbytes)
+            touched += nbytes
+        self.moved += moved
+        self.work[node] += touched
+        self.tasks[node] += 1
+        # free what no later task needs: inputs after their last use, unused outputs at once
+        for arg in dict.fromkeys(task.args):
+            if isinstance(arg, TaskResult):
+                self.uses[arg] -= 1
+                if self.uses[arg] <= 0 and arg not in self._kept:
+                    self._free(arg)
+        for p in range(len(outs)):
+            key = TaskResult(task.id, p)
+            if self.uses[key] <= 0 and key not in self._kept:
+                self._free(key)
+        return moved
+
+
+# -- the plan's cost ------------------------------------------------------------------------
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _fmt_count(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n:.0f}"
 
 
 @dataclass(frozen=True)
@@ -24,16 +213,62 @@ class PlanCost:
     peak_bytes_per_node: tuple[int, ...]
     flops: int
     tasks: int
+    network_in_per_node: tuple[int, ...] = ()
+    network_out_per_node: tuple[int, ...] = ()
+    tasks_per_node: tuple[int, ...] = ()
+
+    @property
+    def max_peak_bytes(self) -> int:
+        return max(self.peak_bytes_per_node, default=0)
+
+    @property
+    def max_network_bytes(self) -> int:
+        """The busiest node's traffic, in plus out: what bounds a network-bound stage."""
+        return max((i + o for i, o in zip(self.network_in_per_node, self.network_out_per_node, strict=True)),
+                   default=0)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "storage": {"bytes_read": self.bytes_read, "get_requests": self.get_requests,
                         "bytes_written": self.bytes_written},
-            "network": {"bytes_between_nodes": self.bytes_between_nodes},
+            "network": {"bytes_between_nodes": self.bytes_between_nodes,
+                        "bytes_in_per_node": list(self.network_in_per_node),
+                        "bytes_out_per_node": list(self.network_out_per_node)},
             "memory": {"bytes_touched": self.bytes_touched, "peak_bytes_per_node": list(self.peak_bytes_per_node)},
             "flops": self.flops,
-            "tasks": {"count": self.tasks},
+            "tasks": {"count": self.tasks, "per_node": list(self.tasks_per_node)},
         }
+
+    def table(self, max_rows: int = 16) -> str:
+        """The cost as ``arrayjob plan`` and ``arrayjob estimate`` print it."""
+        lines = [
+            "cost (one run of the plan):",
+            f"  tasks           {self.tasks:>12,}",
+            f"  flops           {_fmt_count(self.flops):>12}",
+            f"  storage read    {_fmt_bytes(self.bytes_read):>12}   in {self.get_requests:,} GET requests",
+            f"  storage written {_fmt_bytes(self.bytes_written):>12}",
+            f"  between nodes   {_fmt_bytes(self.bytes_between_nodes):>12}",
+            f"  bytes touched   {_fmt_bytes(self.bytes_touched):>12}",
+            "",
+            f"  {'node':>5} {'tasks':>7} {'peak memory':>12} {'network in':>12} {'network out':>12}",
+        ]
+        n = len(self.peak_bytes_per_node)
+        columns = (self.tasks_per_node or (0,) * n, self.peak_bytes_per_node,
+                   self.network_in_per_node or (0,) * n, self.network_out_per_node or (0,) * n)
+        rows = list(zip(range(n), *columns, strict=True))
+
+        def row(label: str, t: float, m: float, i: float, o: float) -> str:
+            return f"  {label:>5} {t:>7,.0f} {_fmt_bytes(m):>12} {_fmt_bytes(i):>12} {_fmt_bytes(o):>12}"
+
+        if n <= max_rows:
+            lines += [row(str(r[0]), *r[1:]) for r in rows]
+        else:  # a big cluster: the spread, not every node
+            for label, pick in (("min", min), ("mean", lambda xs: sum(xs) / len(xs)), ("max", max)):
+                lines.append(row(label, *(pick(c) for c in columns)))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
 
 
 def _kernel_flops(kernel: object, in_shapes: list[tuple[int, ...]]) -> int:
@@ -65,54 +300,41 @@ def _kernel_flops(kernel: object, in_shapes: list[tuple[int, ...]]) -> int:
     return flops
 
 
-def plan_cost(plan: Plan) -> PlanCost:
-    physical = plan.physical
-    assert physical is not None, "cost needs a placed plan"
-    nodes = max(1, plan.options.cluster.nodes)
+def physical_cost(physical: PhysicalPlan, nodes: int) -> PlanCost:
+    """Replay ``physical`` on ``nodes`` nodes. Tasks Ray places (node None) are dealt round-robin."""
+    nodes = max(1, nodes)
+    load = ClusterLoad(physical, nodes)
     sources = {s.array.name: s for s in physical.sources}
-    where: dict[str, int] = {}  # task id -> node
-    size: dict[tuple[str, int], int] = {}
-    shape_of: dict[tuple[str, int], tuple[int, ...]] = {}
-    block_node: dict[SourceBlock, int] = {}
-    held = [0] * nodes
-    present: set[tuple[object, int]] = set()
-    bytes_read = requests = moved = touched = flops = 0
+    shape_of: dict[TaskResult, tuple[int, ...]] = {}
+    bytes_read = requests = flops = 0
     for i, task in enumerate(physical.tasks):
-        node = task.node if task.node is not None else i % nodes
-        where[task.id] = node
-        in_bytes = 0
+        node = (task.node if task.node is not None else i) % nodes
         in_shapes = []
         for arg in task.args:
             if isinstance(arg, SourceBlock):
                 source = sources[arg.array]
                 sel = source.grid.selection(arg.index)
-                shape = tuple(s.stop - s.start for s in sel)
-                nbytes = math.prod(shape) * np.dtype(source.array.dtype).itemsize
-                if arg not in block_node:  # read once, on the node of its first use
-                    block_node[arg] = node
-                    bytes_read += nbytes
-                    requests += math.prod(
-                        math.ceil(s.stop / c) - s.start // c for s, c in zip(sel, source.array.chunks, strict=True))
-                    held[node] += nbytes
-                home, key = block_node[arg], arg
+                in_shapes.append(tuple(s.stop - s.start for s in sel))
+                if arg not in load.home:  # read once, where it is first used
+                    bytes_read += load.block_bytes(arg)
+                    requests += math.prod(math.ceil(s.stop / c) - s.start // c
+                                          for s, c in zip(sel, source.array.chunks, strict=True))
             elif isinstance(arg, TaskResult):
-                nbytes = size[(arg.task, arg.output)]
-                shape = shape_of[(arg.task, arg.output)]
-                home, key = where[arg.task], (arg.task, arg.output)
-            else:  # a driver value: put in the object store on the driver's node (node 0)
-                nbytes, shape, home, key = arg.nbytes, arg.shape, 0, arg
-            if home != node and (key, node) not in present:
-                moved += nbytes
-                present.add((key, node))
-            in_bytes += nbytes
-            in_shapes.append(shape)
-        out_bytes = task.out_bytes or (0,) * task.num_outputs
-        for p, b in enumerate(out_bytes):
-            size[(task.id, p)] = b
-            shape_of[(task.id, p)] = task.out_shapes[p] if task.out_shapes else ()
-        touched += in_bytes + sum(out_bytes)
+                in_shapes.append(shape_of.get(arg, ()))
+            else:
+                in_shapes.append(arg.shape)
+        for p in range(task.num_outputs):
+            shape_of[TaskResult(task.id, p)] = task.out_shapes[p] if task.out_shapes else ()
         flops += _kernel_flops(task.kernel.fn, in_shapes)
+        load.run(task, node)
     return PlanCost(
-        bytes_read=bytes_read, get_requests=requests, bytes_written=0, bytes_between_nodes=moved,
-        bytes_touched=touched, peak_bytes_per_node=tuple(held), flops=flops, tasks=len(physical.tasks),
+        bytes_read=bytes_read, get_requests=requests, bytes_written=0, bytes_between_nodes=load.moved,
+        bytes_touched=sum(load.work), peak_bytes_per_node=tuple(load.peak), flops=flops,
+        tasks=len(physical.tasks), network_in_per_node=tuple(load.net_in),
+        network_out_per_node=tuple(load.net_out), tasks_per_node=tuple(load.tasks),
     )
+
+
+def plan_cost(plan: Plan) -> PlanCost:
+    assert plan.physical is not None, "cost needs a placed plan"
+    return physical_cost(plan.physical, plan.options.cluster.nodes)

@@ -9,8 +9,16 @@ maximum load grows least.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
 
+from arrayjob.planner.cost import ClusterLoad, Trial
+from arrayjob.planner.kernels import add_partials, max_partials, min_partials
+from arrayjob.planner.lower import FAN_IN
+from arrayjob.planner.physical import Arg, CachedBlock, PhysicalPlan, SourceBlock, Task, TaskResult
 from arrayjob.planner.plan import Plan, register
+
+COMBINE_FNS = (add_partials, max_partials, min_partials)
 
 
 def _with_nodes(plan: Plan, nodes: list[int | None]) -> Plan:
@@ -32,3 +40,206 @@ def round_robin(plan: Plan) -> Plan:
     assert plan.physical is not None
     n = plan.options.cluster.nodes
     return _with_nodes(plan, [i % n for i in range(len(plan.physical.tasks))])
+
+
+@register("placement", "lshs")
+def lshs(plan: Plan) -> Plan:
+    """Load simulated hierarchical scheduling (LSHS; Elibol et al., "NumS: Scalable Array
+    Programming for the Cloud", 2022).
+
+    Tasks are placed one at a time in plan order. Each goes to the node that minimises
+
+        max over nodes of memory + max over nodes of bytes received + max over nodes of bytes sent
+
+    after it is placed there, given where its inputs are (``cost.ClusterLoad``). Ties go to
+    the node that moves fewest bytes, then to the least busy one. Stored arrays start in a
+    cyclic layout over a node grid: a task that only reads blocks no other task placed yet
+    runs on their cyclic node, so co-partitioned arrays are co-located. Reduction trees
+    are rebuilt so partials on the same node are combined there first and only one
+    partial per node crosses the network, in a tree over the nodes whose fan-in keeps a
+    combine's inputs within one block budget: pairwise for big partials, up to ``FAN_IN``
+    for small ones (at most ceil(log2 k) hops from any partial to the result, over k
+    nodes, and fewer tasks when the partials are small).
+
+    Cost: O(tasks x nodes x arguments) to plan; plans are cached by structure.
+    """
+    assert plan.physical is not None
+    nodes = max(1, plan.options.cluster.nodes)
+    if nodes == 1:
+        return _with_nodes(plan, [0] * len(plan.physical.tasks))
+    tasks = _Placer(plan.physical, nodes, plan.options.target_block_bytes).run()
+    physical = dataclasses.replace(plan.physical, tasks=tuple(tasks))
+    physical.validate()
+    return dataclasses.replace(plan, physical=physical)
+
+
+# -- cyclic layout --------------------------------------------------------------------------
+
+
+def node_grid(grid_shape: tuple[int, ...], nodes: int) -> tuple[int, ...]:
+    """Factor ``nodes`` over the axes of a block grid, the largest factors to the axes
+    with the most blocks per node: ``(8, 1)`` blocks on 4 nodes -> ``(4, 1)``."""
+    dims = [1] * len(grid_shape)
+    if not dims:
+        return ()
+    factors, n, p = [], nodes, 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    for f in sorted(factors, reverse=True):
+        axis = max(range(len(dims)), key=lambda a: (grid_shape[a] / dims[a], -a))
+        dims[axis] *= f
+    return tuple(dims)
+
+
+def cyclic_node(index: tuple[int, ...], dims: tuple[int, ...]) -> int:
+    """Block ``index`` on a node grid of shape ``dims``: block i of each axis on node row i mod dim."""
+    node = 0
+    for i, d in zip(index, dims, strict=True):
+        node = node * d + i % d
+    return node
+
+
+# -- reduction trees ------------------------------------------------------------------------
+
+
+@dataclass
+class _Tree:
+    """The combine tasks lowering emitted for one reduced block, and the partials they sum."""
+
+    prefix: str  # "combine sum#12[0]"
+    tasks: list[Task]
+    root: str
+    leaves: list[TaskResult]
+
+
+def _reduction_trees(physical: PhysicalPlan) -> dict[str, _Tree]:
+    """Trees by the id of their first task in plan order; only trees safe to rebuild."""
+    groups: dict[str, list[Task]] = {}
+    for task in physical.tasks:
+        if task.id.startswith("combine ") and task.kernel.fn in COMBINE_FNS and task.num_outputs == 1:
+            groups.setdefault(task.id.rsplit(".", 2)[0], []).append(task)
+    users: dict[str, set[str]] = {}
+    for task in physical.tasks:
+        for arg in task.args:
+            if isinstance(arg, TaskResult):
+                users.setdefault(arg.task, set()).add(task.id)
+    outputs = {o.task for o in physical.outputs}
+    trees: dict[str, _Tree] = {}
+    for prefix, group in groups.items():
+        ids = {t.id for t in group}
+        roots = [t.id for t in group if not users.get(t.id, set()) & ids]
+        inner_ok = all(users.get(t.id, set()) <= ids and t.id not in outputs for t in group if t.id not in roots)
+        same = len({t.kernel for t in group}) == 1 and len({t.out_bytes for t in group}) == 1
+        leaves = [a for t in group for a in t.args if not (isinstance(a, TaskResult) and a.task in ids)]
+        if len(roots) != 1 or not inner_ok or not same or not all(isinstance(a, TaskResult) for a in leaves):
+            continue
+        trees[group[0].id] = _Tree(prefix, group, roots[0], leaves)  # type: ignore[arg-type]
+    return trees
+
+
+# -- the placer -----------------------------------------------------------------------------
+
+
+class _Placer:
+    def __init__(self, physical: PhysicalPlan, nodes: int, block_budget: int) -> None:
+        self.physical = physical
+        self.block_budget = block_budget
+        self.nodes = nodes
+        self.load = ClusterLoad(physical, nodes)
+        self.grids = {s.array.name: node_grid(s.grid.grid_shape, nodes) for s in physical.sources}
+        self.trees = _reduction_trees(physical)
+        self.ids = {t.id for t in physical.tasks}
+        self.placed: list[Task] = []
+        self.done: set[str] = set()
+
+    def run(self) -> list[Task]:
+        skip: set[str] = set()
+        for task in self.physical.tasks:
+            if task.id in skip:
+                continue
+            tree = self.trees.get(task.id)
+            if tree is not None and all(leaf.task in self.done for leaf in tree.leaves):
+                self.rebuild(tree)
+                skip.update(t.id for t in tree.tasks)
+            else:
+                self.place(task, self.candidates(task))
+        return self.placed
+
+    # -- choosing a node ---------------------------------------------------------------------
+    def candidates(self, task: Task) -> Iterable[int]:
+        blocks = (TaskResult, SourceBlock, CachedBlock)
+        pinned = any(a in self.load.home for a in task.args if isinstance(a, blocks))
+        fresh = [a for a in task.args if isinstance(a, SourceBlock | CachedBlock) and a not in self.load.home]
+        if fresh and not pinned:  # stored (and kept) arrays start in their cyclic layout
+            return sorted({self.cyclic(a) for a in fresh})
+        return range(self.nodes)
+
+    def cyclic(self, block: Arg) -> int:
+        if isinstance(block, SourceBlock):
+            return cyclic_node(block.index, self.grids[block.array])
+        assert isinstance(block, CachedBlock)
+        return block.position % self.nodes  # kept blocks are numbered in row-major block order
+
+    def score(self, trial: Trial) -> tuple[int, int, int, int]:
+        load = self.load
+        out = max((load.net_out[h] + b for h, b in trial.sent), default=0)
+        worst = max(load.max_peak, trial.peak) + max(load.max_in, trial.net_in) + max(load.max_out, out)
+        return worst, trial.moved, load.work[trial.node], trial.node
+
+    def place(self, task: Task, candidates: Iterable[int]) -> TaskResult:
+        node = min(self.load.trials(task, candidates), key=self.score).node
+        placed = dataclasses.replace(task, node=node)
+        self.load.run(placed, node)
+        self.placed.append(placed)
+        self.done.add(task.id)
+        return TaskResult(task.id)
+
+    # -- locality-aware reductions -------------------------------------------------------------
+    def rebuild(self, tree: _Tree) -> None:
+        """Combine partials on their own node first, then one partial per node across nodes."""
+        template = tree.tasks[0]
+        counter = iter(range(len(self.ids) + 1))
+
+        def combine(parts: list[TaskResult], candidates: list[int], final: bool, label: str) -> TaskResult:
+            task_id = tree.root if final else self.fresh_id(f"{tree.prefix}.{label}.{next(counter)}")
+            task = dataclasses.replace(template, id=task_id, args=tuple(parts), node=None)
+            if not final:
+                self.load.uses[TaskResult(task_id)] += 1
+            return self.place(task, candidates)
+
+        by_node: dict[int, list[TaskResult]] = {}
+        for leaf in tree.leaves:
+            by_node.setdefault(self.load.home[leaf], []).append(leaf)
+        per_node: list[tuple[int, TaskResult]] = []
+        for node in sorted(by_node):
+            parts = by_node[node]
+            while len(parts) > 1:
+                last = len(by_node) == 1 and len(parts) <= FAN_IN
+                parts = [combine(parts[j: j + FAN_IN], [node], last, f"n{node}") if len(parts[j: j + FAN_IN]) > 1
+                         else parts[j] for j in range(0, len(parts), FAN_IN)]
+            per_node.append((node, parts[0]))
+        # across nodes: as many partials per combine as fit one block's budget (at least
+        # two, at most FAN_IN), so big partials go pairwise and small ones take few tasks
+        fan_in = max(2, min(FAN_IN, self.block_budget // max(1, sum(template.out_bytes))))
+        while len(per_node) > 1:
+            last = len(per_node) <= fan_in
+            level = []
+            for j in range(0, len(per_node), fan_in):
+                group = per_node[j: j + fan_in]
+                if len(group) == 1:
+                    level.append(group[0])
+                    continue
+                result = combine([p for _, p in group], [n for n, _ in group], last, "x")
+                level.append((self.load.home[result], result))
+            per_node = level
+
+    def fresh_id(self, base: str) -> str:
+        task_id, k = base, 0
+        while task_id in self.ids:
+            k += 1
+            task_id = f"{base}~{k}"
+        self.ids.add(task_id)
+        return task_id

@@ -28,6 +28,16 @@ class RunMetrics:
     storage: StorageCounters = field(default_factory=StorageCounters)
     tasks: int = 0
     block_bytes_by_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Measured from where tasks really ran (Ray node ids) and what they really returned;
+    # see ``runtime.ray_executor`` and ``planner.cost.ClusterLoad`` for the accounting.
+    bytes_between_nodes: int = 0  # summed over runs; each (object, node) pair once per run
+    bytes_touched: int = 0  # kernel inputs + outputs, as the workers saw them
+    tasks_by_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    network_in_by_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    network_out_by_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # the most bytes any run held in a node's object store: input blocks, driver values,
+    # task results until their last consumer ran
+    peak_object_store_bytes_per_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     _current: Stage | None = None
 
     @contextmanager
@@ -54,6 +64,18 @@ class RunMetrics:
 
     def hold_block(self, node: str, nbytes: int) -> None:
         self.block_bytes_by_node[node] += nbytes
+
+    def count_placement(self, *, moved: int, touched: int, tasks: dict[str, int], net_in: dict[str, int],
+                        net_out: dict[str, int], peak: dict[str, int]) -> None:
+        """Add one run's measured placement: bytes moved and touched, and per-node figures."""
+        self.bytes_between_nodes += moved
+        self.bytes_touched += touched
+        for total, part in ((self.tasks_by_node, tasks), (self.network_in_by_node, net_in),
+                            (self.network_out_by_node, net_out)):
+            for node, n in part.items():
+                total[node] += n
+        for node, n in peak.items():
+            self.peak_object_store_bytes_per_node[node] = max(self.peak_object_store_bytes_per_node[node], n)
 
 
 def driver_peak_rss_bytes() -> int:

@@ -1,0 +1,243 @@
+"""Placement (NumS LSHS) and the plan's cost, planner only: no Ray, and no data read
+except where a plan is run in-process to check it still gives NumPy's answer."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import arrayjob.lazy as la
+from arrayjob.io.arrays import ArrayInfo, open_array_info
+from arrayjob.io.storage import Location, StorageOptions, parse_uri
+from arrayjob.planner.cost import physical_cost
+from arrayjob.planner.kernels import add_partials
+from arrayjob.planner.physical import (
+    BlockGrid,
+    DriverValue,
+    Kernel,
+    PhysicalPlan,
+    Source,
+    SourceBlock,
+    Task,
+    TaskResult,
+)
+from arrayjob.planner.placement import COMBINE_FNS, cyclic_node, node_grid
+from arrayjob.planner.plan import (
+    STRATEGIES,
+    ClusterShape,
+    Plan,
+    PlanOptions,
+    _load_strategies,
+    make_plan,
+)
+from arrayjob.runtime.executor import LocalExecutor
+from arrayjob.runtime.session import Session
+from tests.helpers import write_array
+
+_load_strategies()
+TILINGS = sorted(STRATEGIES["tiling"])
+FUSIONS = sorted(STRATEGIES["fusion"])
+
+
+def stored(root: Path, name: str, shape: tuple[int, ...], chunks: tuple[int, ...]) -> la.BlockArray:
+    """A Zarr array's metadata only (planning never reads data)."""
+    uri = str(root / f"{name}.zarr")
+    zarr.create_array(uri, shape=shape, chunks=chunks, dtype="float64")
+    return la.from_zarr(open_array_info(name, parse_uri(uri), StorageOptions()))
+
+
+def planned(outputs: list[la.BlockArray], *, nodes: int, placement: str, tiling: str = "naive",
+            fusion: str = "none", block_budget: int = 64 * 2**20) -> Plan:
+    options = PlanOptions(tiling=tiling, fusion=fusion, placement=placement, cluster=ClusterShape(nodes=nodes),
+                          target_block_bytes=block_budget)
+    return make_plan(la.capture(outputs), options)
+
+
+def logreg_iteration(X: la.BlockArray, y: la.BlockArray, w: la.BlockArray) -> list[la.BlockArray]:
+    z = X @ w
+    return [la.sum(la.logaddexp(0.0, -((2 * y - 1) * z))), X.T @ (la.sigmoid(z) - y)]
+
+
+# -- cyclic layout ----------------------------------------------------------------------------
+
+
+def test_node_grid_factors_nodes_over_the_axes_with_most_blocks() -> None:
+    assert node_grid((8, 1), 4) == (4, 1)
+    assert node_grid((4, 4), 4) == (2, 2)
+    assert node_grid((16, 2), 6) == (6, 1)
+    assert node_grid((10,), 3) == (3,)
+    assert node_grid((), 5) == ()
+    assert [cyclic_node((i, 0), (4, 1)) for i in range(6)] == [0, 1, 2, 3, 0, 1]
+    assert cyclic_node((1, 1), (2, 2)) == 3
+
+
+# -- elementwise: co-partitioned arrays stay put --------------------------------------------
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("nodes", [3, 6, 16])
+def test_elementwise_on_co_partitioned_arrays_moves_nothing(tmp_path: Path, nodes: int, fusion: str) -> None:
+    A = stored(tmp_path, "A", (4000, 8), (250, 8))
+    B = stored(tmp_path, "B", (4000, 8), (250, 8))
+    u = stored(tmp_path, "u", (4000,), (250,))
+    v = stored(tmp_path, "v", (4000,), (250,))
+    outputs = [la.exp(A) * B + 1.0, la.sigmoid(A - B), la.sqrt(u * u + v * v) - u]
+    plan = planned(outputs, nodes=nodes, placement="lshs", fusion=fusion)
+    assert plan.cost.bytes_between_nodes == 0
+    # stored arrays start in the cyclic layout: row block i is read on node i mod N
+    first: dict[SourceBlock, int] = {}
+    for task in plan.physical.tasks:
+        for arg in task.args:
+            if isinstance(arg, SourceBlock):
+                first.setdefault(arg, task.node)
+    blocks = plan.physical.source("A").grid.num_blocks
+    assert len(first) == 4 * blocks
+    assert all(node == block.index[0] % nodes for block, node in first.items())
+    # and the work is spread as evenly as the blocks are
+    assert max(plan.cost.tasks_per_node) == math.ceil(blocks / nodes) * plan.cost.tasks // blocks
+
+    # round robin separates a block's chain of unfused ops, unless the node count divides the block count
+    if fusion == "none" and blocks % nodes:
+        dealt = planned(outputs, nodes=nodes, placement="roundrobin", fusion=fusion)
+        assert dealt.cost.bytes_between_nodes > 0
+
+
+# -- reductions: co-located partials first, then a tree over nodes ---------------------------
+
+
+def _hops(plan: Plan) -> list[int]:
+    """For every leaf partial of every reduction tree: how many times it crosses nodes to the root."""
+    tasks = {t.id: t for t in plan.physical.tasks}
+
+    def chains(task: Task) -> list[int]:
+        if task.kernel.fn not in COMBINE_FNS:
+            return [0]
+        out = []
+        for arg in task.args:
+            child = tasks[arg.task]
+            out += [h + (child.node != task.node) for h in chains(child)]
+        return out
+
+    return [h for o in plan.physical.outputs for h in chains(tasks[o.task])]
+
+
+@pytest.mark.parametrize("fan_in", [2, 8])
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 8, 16])
+def test_transposed_product_crosses_nodes_at_most_log2_k_times_per_chain(tmp_path: Path, k: int, fan_in: int) -> None:
+    X = stored(tmp_path, "X", (6400, 6), (100, 6))
+    Y = stored(tmp_path, "Y", (6400, 3), (100, 3))
+    partial = 6 * 3 * 8
+    # partials bigger than half a block's budget are combined pairwise across nodes
+    budget = 2 * partial if fan_in == 2 else 64 * 2**20
+    plan = planned([X.T @ Y], nodes=k, placement="lshs", block_budget=budget)
+    hops = _hops(plan)
+    assert len(hops) == plan.cost.tasks - sum(t.kernel.fn in COMBINE_FNS for t in plan.physical.tasks)
+    assert max(hops) <= math.ceil(math.log2(k))
+    # partials on one node are combined there: exactly one partial per node but the root's crosses
+    assert plan.cost.bytes_between_nodes == (k - 1) * partial
+    levels = math.ceil(math.log(k, fan_in) - 1e-9)
+    assert max(plan.cost.network_in_per_node) <= levels * (fan_in - 1) * partial
+
+    dealt = planned([X.T @ Y], nodes=k, placement="roundrobin", block_budget=budget)
+    assert dealt.cost.bytes_between_nodes > plan.cost.bytes_between_nodes
+
+
+def test_rebuilt_reductions_give_numpy_results(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    Xv, Yv, yv = rng.standard_normal((900, 5)), rng.standard_normal((900, 3)), (rng.random(900) > 0.5) * 1.0
+    arrays = {}
+    for name, data, chunks in (("X", Xv, (50, 5)), ("Y", Yv, (50, 3)), ("y", yv, (50,))):
+        write_array(str(tmp_path / f"{name}.zarr"), data, chunks)
+        arrays[name] = la.from_zarr(open_array_info(name, parse_uri(str(tmp_path / f"{name}.zarr")), StorageOptions()))
+    X, Y, y = arrays["X"], arrays["Y"], arrays["y"]
+    loss, grad = logreg_iteration(X, y, la.value("w", (5,)))
+    program = {"xty": X.T @ Y, "colmax": X.max(axis=0), "colmin": Y.min(axis=0), "loss": loss, "grad": grad}
+    w = rng.standard_normal(5)
+    z = Xv @ w
+    expected = {"xty": Xv.T @ Yv, "colmax": Xv.max(0), "colmin": Yv.min(0),
+                "loss": np.logaddexp(0, -(2 * yv - 1) * z).sum(), "grad": Xv.T @ (1 / (1 + np.exp(-z)) - yv)}
+    for nodes in (2, 5, 7):
+        options = PlanOptions(tiling="naive", fusion="none", placement="lshs", cluster=ClusterShape(nodes=nodes))
+        session = Session(LocalExecutor(StorageOptions()), options)
+        out = session.compute(program, {"w": w})
+        for name, ref in expected.items():
+            np.testing.assert_allclose(out[name], ref, rtol=1e-10, err_msg=f"{name} on {nodes} nodes")
+        plan = session.plan(program)
+        ids = [t.id for t in plan.physical.tasks]
+        assert len(ids) == len(set(ids)) and all(t.node is not None for t in plan.physical.tasks)
+
+
+# -- the logistic regression iteration on 16 simulated nodes ----------------------------------
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("tiling", TILINGS)
+def test_lshs_balances_memory_and_network_better_than_round_robin(tmp_path: Path, tiling: str, fusion: str) -> None:
+    X = stored(tmp_path, "X", (64_000, 16), (1000, 16))
+    y = stored(tmp_path, "y", (64_000,), (1000,))
+    program = logreg_iteration(X, y, la.value("w", (16,)))
+    lshs = planned(program, nodes=16, placement="lshs", tiling=tiling, fusion=fusion).cost
+    rr = planned(program, nodes=16, placement="roundrobin", tiling=tiling, fusion=fusion).cost
+    assert lshs.max_peak_bytes <= rr.max_peak_bytes
+    assert max(lshs.network_in_per_node) <= max(rr.network_in_per_node)
+    assert max(lshs.network_out_per_node) <= max(rr.network_out_per_node)
+    assert lshs.max_network_bytes <= rr.max_network_bytes
+    assert lshs.bytes_between_nodes < rr.bytes_between_nodes
+    # same reads and the same arithmetic: placement only moves work around
+    assert (lshs.bytes_read, lshs.get_requests) == (rr.bytes_read, rr.get_requests) == (64_000 * 17 * 8, 128)
+
+
+# -- the cost model ---------------------------------------------------------------------------
+
+
+def test_plan_cost_follows_objects_through_a_hand_built_plan() -> None:
+    """Two nodes, five tasks, every byte accounted by hand (see cost.ClusterLoad's rules)."""
+    info = ArrayInfo("A", Location("file", "/nowhere/A.zarr"), (20,), "float64", (10,), 3)
+    A = Source(info, BlockGrid((20,), (10,)))
+    w = DriverValue("w", (2,), 16)
+    k = Kernel("k", add_partials)
+
+    def task(name: str, node: int, *args: object, out: int) -> Task:
+        return Task(name, k, tuple(args), node=node, out_shapes=((out // 8,),), out_bytes=(out,))
+
+    tasks = (
+        task("t0", 0, SourceBlock("A", (0,)), out=80),
+        task("t1", 1, SourceBlock("A", (1,)), out=80),
+        task("t2", 0, TaskResult("t0"), TaskResult("t1"), w, out=8),  # t1 moves 1 -> 0
+        task("t3", 1, TaskResult("t2"), SourceBlock("A", (1,)), out=8),  # t2 moves 0 -> 1
+        task("t4", 1, TaskResult("t2"), w, out=8),  # t2 is on node 1 already; w moves 0 -> 1
+    )
+    cost = physical_cost(PhysicalPlan((A,), tasks, (TaskResult("t3"), TaskResult("t4"))), nodes=2)
+    assert (cost.bytes_read, cost.get_requests, cost.bytes_written) == (160, 2, 0)
+    assert cost.bytes_between_nodes == 80 + 8 + 16
+    assert cost.network_in_per_node == (80, 24) and cost.network_out_per_node == (24, 80)
+    # node 0: w 16 + A[0] 80 + t0 80, then t1's copy 80 and t2 8 while t2 runs = 264
+    # node 1: A[1] 80 + t1 80 = 160; t1 is freed (its last consumer ran) before t3 and t4
+    assert cost.peak_bytes_per_node == (264, 160)
+    assert cost.bytes_touched == 160 + 160 + (80 + 80 + 16 + 8) + (8 + 80 + 8) + (8 + 16 + 8)
+    assert cost.tasks == 5 and cost.tasks_per_node == (2, 3)
+    assert cost.flops == 10 + 10 + (10 + 10 + 2) + (1 + 10) + (1 + 2)
+    as_dict = cost.as_dict()
+    assert as_dict["storage"] == {"bytes_read": 160, "get_requests": 2, "bytes_written": 0}
+    assert as_dict["network"]["bytes_between_nodes"] == 104
+    assert as_dict["memory"] == {"bytes_touched": cost.bytes_touched, "peak_bytes_per_node": [264, 160]}
+    assert as_dict["flops"] == cost.flops and as_dict["tasks"]["count"] == 5
+    table = cost.table()
+    assert "between nodes" in table and "104 B" in table and "264 B" in table
+    assert len(table.splitlines()) == 9 + 2  # a title, six totals, a blank line, a header, a row per node
+
+
+def test_cost_table_summarises_a_big_cluster(tmp_path: Path) -> None:
+    X = stored(tmp_path, "X", (64_000, 16), (1000, 16))
+    table = planned([X.sum(axis=0)], nodes=32, placement="lshs").cost.table()
+    assert [line.split()[0] for line in table.splitlines()[-3:]] == ["min", "mean", "max"]
+
+
+def test_ray_placement_leaves_every_task_to_ray(tmp_path: Path) -> None:
+    X = stored(tmp_path, "X", (6400, 6), (100, 6))
+    plan = planned([X.T @ X], nodes=4, placement="ray")
+    assert {t.node for t in plan.physical.tasks} == {None}
