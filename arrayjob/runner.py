@@ -11,7 +11,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from arrayjob.costing.estimate import estimate_job
+from arrayjob.costing.prices import load_prices
+from arrayjob.costing.profile import load_profile
 from arrayjob.errors import InputError
+from arrayjob.io import report_html
 from arrayjob.io.arrays import ArrayInfo, ResultGroup, open_array_info, write_group
 from arrayjob.io.output import JobOutput
 from arrayjob.io.report import build_report
@@ -59,13 +63,15 @@ def prepare(spec: JobSpec) -> Job:
     return get_job(spec.algorithm)(spec.params, open_inputs(spec), spec.storage)
 
 
-def run(spec: JobSpec, *, overwrite: bool = False) -> RunOutcome:
+def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local") -> RunOutcome:
     started = time.perf_counter()
     metrics = RunMetrics()
     with metrics.stage("validate"):
         job = prepare(spec)
         output = JobOutput(spec.output, spec.storage, spec.digest())
         done = output.check_rerun(overwrite=overwrite)
+        prices = load_prices()
+        instance = prices.instance(instance_type)
     if done is not None:
         return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
 
@@ -75,6 +81,8 @@ def run(spec: JobSpec, *, overwrite: bool = False) -> RunOutcome:
                 cluster = stack.enter_context(ray_cluster(spec.cluster))
             from arrayjob.runtime.ray_executor import RayExecutor
 
+            predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
+                                     profile=load_profile()).as_dict()
             executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
             session = Session(executor, plan_options(spec, cluster_shape(cluster)))
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
@@ -86,9 +94,11 @@ def run(spec: JobSpec, *, overwrite: bool = False) -> RunOutcome:
             write_group(group.location, spec.storage, result.arrays, result.attrs, written)
             metrics.count_storage(written)
         report = build_report(
-            spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result
+            spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
+            instance=instance, prices=prices, estimate=predicted,
         )
         output.write_json("report.json", report)
+        output.write_text("report.html", report_html.render(report))
         manifest = output.commit()
     except BaseException:
         output.abandon()

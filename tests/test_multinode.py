@@ -92,7 +92,7 @@ def three_nodes() -> dict[str, Any]:
     return {f"{r['placement']}:{r['fusion']}": r for r in report["runs"]}
 
 
-@pytest.mark.ray
+@pytest.mark.multinode
 def test_lshs_moves_fewer_bytes_between_nodes_than_ray(three_nodes: dict[str, Any]) -> None:
     lshs, ray_ = three_nodes["lshs:none"], three_nodes["ray:none"]
     # Ray's scheduler packs tasks on the driver's node while it has a free CPU and spills
@@ -110,7 +110,7 @@ def test_lshs_moves_fewer_bytes_between_nodes_than_ray(three_nodes: dict[str, An
     assert len(set(lshs["block_bytes_per_node"])) == 1  # the stored arrays are spread evenly (cyclic layout)
 
 
-@pytest.mark.ray
+@pytest.mark.multinode
 def test_unfused_plan_runs_more_tasks_and_touches_more_bytes(three_nodes: dict[str, Any]) -> None:
     fused = fused_strategy()
     if fused is None:

@@ -30,6 +30,9 @@ def summary(outcome: Any) -> str:
         f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
         f"{r['tasks']['count']:,} tasks on {r['cluster']['nodes']} node(s), {r['cluster']['cpus']} CPUs",
-        f"  result: {spec.output}/result.zarr (run {outcome.manifest['run_id']})",
+        f"  between nodes {size(r['network']['bytes_between_nodes'])}; peak object store per node "
+        f"{', '.join(size(b) for b in r['memory']['peak_bytes_per_node'])}; "
+        f"cost ${r['dollars'].get('total', 0):.4f} (estimated ${r.get('estimate', {}).get('dollars', {}).get('total', 0):.4f})",
+        f"  result: {spec.output}/result.zarr (run {outcome.manifest['run_id']}); report.json, report.html",
     ]
     return "\n".join(lines)

@@ -77,7 +77,7 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, as_json: bool, t
     if max_cost is not None:  # checked before anything starts
         _check_cost(_estimate(job, runner.prepare(job), nodes=1, instance_type=instance_type, iterations=None,
                               prices_path=None, profile_path=None), max_cost)
-    outcome = runner.run(job, overwrite=overwrite)
+    outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type)
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
         click.echo(json.dumps(document, indent=2))

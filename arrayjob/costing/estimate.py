@@ -158,7 +158,9 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         write.bytes_written += nbytes
         chunks = math.ceil(shape[0] / chunk_rows) if shape and chunk_rows else 1
         write.put_requests += chunks + 1  # chunks and the array's metadata
-    write.put_requests += 3  # group metadata, report.json, _SUCCESS
+        write.bytes_written += 620  # an array's zarr.json
+    write.put_requests += 1  # the group's zarr.json (report.json and _SUCCESS are not counted)
+    write.bytes_written += 260
     connect = StageEstimate("connect", wall_seconds=profile.startup_seconds)
     stages = [connect, load, fit, write]
     for stage in (load, fit, write):

@@ -74,6 +74,10 @@ class JobOutput:
         data = json.dumps(document, indent=2, sort_keys=False).encode() + b"\n"
         self._put(self.staging.join(name), data)
 
+    def write_text(self, name: str, text: str) -> None:
+        """Write a text file (e.g. report.html) into the staging area."""
+        self._put(self.staging.join(name), text.encode())
+
     def _put(self, location: Location, data: bytes) -> None:
         try:
             self._fs.pipe_file(location.path, data)

@@ -1,4 +1,11 @@
-"""The cost report: what a run did, in stable keys (see docs/report.md)."""
+"""The cost report: what a run did, in the stable keys of docs/report.md.
+
+Every figure is counted where it happens: storage by the Zarr stores of the processes
+that did the I/O, tasks and bytes between nodes by the executor from where each task
+really ran, per-node memory by replaying the run with the real nodes and sizes. Beside
+them, under ``estimate``, the prediction made for this run before it started, and under
+``estimate_error`` how far off each figure was: (actual − estimate) / estimate.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,39 @@ from arrayjob import __version__
 from arrayjob.runtime.metrics import RunMetrics, driver_peak_rss_bytes
 
 if TYPE_CHECKING:
+    from arrayjob.costing.prices import Instance, PriceTable
     from arrayjob.jobs.base import JobResult
     from arrayjob.runtime.cluster import ClusterInfo
     from arrayjob.spec import JobSpec
+
+COMPARED = ("wall_seconds", "storage.bytes_read", "storage.get_requests", "storage.bytes_written",
+            "storage.put_requests", "network.bytes_between_nodes", "memory.peak_bytes_per_node", "tasks.count",
+            "nodes.node_seconds", "dollars.total")
+
+
+def _lookup(doc: dict[str, Any], key: str) -> Any:
+    node: Any = doc
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def estimate_errors(report: dict[str, Any], estimate: dict[str, Any]) -> dict[str, float | None]:
+    """(actual − estimate) / estimate for each compared figure (max over nodes for lists)."""
+    errors: dict[str, float | None] = {}
+    for key in COMPARED:
+        actual, predicted = _lookup(report, key), _lookup(estimate, key)
+        if isinstance(actual, list):
+            actual, predicted = max(actual, default=0), max(predicted or [0], default=0)
+        if actual is None or predicted is None:
+            errors[key] = None
+        elif predicted == 0:
+            errors[key] = 0.0 if actual == 0 else None
+        else:
+            errors[key] = round((actual - predicted) / predicted, 4)
+    return errors
 
 
 def build_report(
@@ -21,9 +58,21 @@ def build_report(
     wall_seconds: float,
     cluster: ClusterInfo,
     result: JobResult,
+    instance: Instance | None = None,
+    prices: PriceTable | None = None,
+    estimate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    by_node = dict(metrics.block_bytes_by_node)
-    return {
+    nodes = list(cluster.node_ids)
+    peak = metrics.peak_object_store_bytes_per_node
+    node_seconds = wall_seconds * max(1, len(nodes))
+    dollars: dict[str, float] = {}
+    if instance is not None and prices is not None:
+        compute = node_seconds / 3600 * instance.usd_per_hour
+        gets = metrics.storage.get_requests / 1000 * prices.get_per_1000
+        puts = metrics.storage.put_requests / 1000 * prices.put_per_1000
+        dollars = {"compute": round(compute, 6), "get_requests": round(gets, 6), "put_requests": round(puts, 6),
+                   "total": round(compute + gets + puts, 6)}
+    report: dict[str, Any] = {
         "job": spec.name,
         "algorithm": spec.algorithm,
         "arrayjob_version": __version__,
@@ -38,19 +87,40 @@ def build_report(
             for s in metrics.stages
         ],
         "storage": metrics.storage.as_dict(),
-        "tasks": {"count": metrics.tasks},
+        "network": {
+            "bytes_between_nodes": metrics.bytes_between_nodes,
+            "bytes_in_per_node": [metrics.network_in_by_node.get(n, 0) for n in nodes],
+            "bytes_out_per_node": [metrics.network_out_by_node.get(n, 0) for n in nodes],
+        },
+        "tasks": {
+            "count": metrics.tasks,
+            "retries": None,  # not observable without Ray's state API (it needs the dashboard)
+            "per_node": [metrics.tasks_by_node.get(n, 0) for n in nodes],
+        },
         "memory": {
-            # input blocks held in the object store, per node (the node order of `cluster.node_ids`)
-            "peak_bytes_per_node": [by_node.get(n, 0) for n in cluster.node_ids] or list(by_node.values()),
+            # the most bytes a run held in each node's object store (input blocks, values,
+            # results until their last consumer), in the order of `cluster.node_ids`
+            "peak_bytes_per_node": [peak.get(n, 0) for n in nodes],
+            "input_block_bytes_per_node": [metrics.block_bytes_by_node.get(n, 0) for n in nodes],
+            "bytes_touched": metrics.bytes_touched,
             "driver_peak_rss_bytes": driver_peak_rss_bytes(),
         },
+        "nodes": {"count": len(nodes), "node_seconds": round(node_seconds, 3),
+                  "instance_type": instance.name if instance else None},
+        "dollars": dollars,
         "cluster": {
             "address": cluster.address,
-            "nodes": len(cluster.node_ids),
+            "nodes": len(nodes),
+            "node_ids": nodes,
             "cpus": cluster.cpus,
             "started_for_job": cluster.started_here,
         },
         "result": result.attrs,
+        "timeline": metrics.timeline,
         "host": {"python": platform.python_version(), "machine": platform.machine()},
         "spec": spec.redacted(),
     }
+    if estimate is not None:
+        report["estimate"] = estimate
+        report["estimate_error"] = estimate_errors(report, estimate)
+    return report

@@ -27,7 +27,9 @@ class ClusterInfo:
 def _describe() -> ClusterInfo:
     import ray
 
-    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
+    # Nodes without CPUs (a head that only schedules) cannot run block tasks: not placed on.
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0),
+                   key=lambda n: n["NodeID"])
     cpus = int(sum(n.get("Resources", {}).get("CPU", 0) for n in nodes))
     memory = int(min((n.get("Resources", {}).get("memory", 0) for n in nodes), default=0))
     address = ray.get_runtime_context().gcs_address

@@ -38,6 +38,9 @@ class RunMetrics:
     # the most bytes any run held in a node's object store: input blocks, driver values,
     # task results until their last consumer ran
     peak_object_store_bytes_per_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # one sample per measured run: seconds since the start, bytes moved so far, that run's per-node peak
+    timeline: list[dict[str, object]] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
     _current: Stage | None = None
 
     @contextmanager
@@ -76,6 +79,8 @@ class RunMetrics:
                 total[node] += n
         for node, n in peak.items():
             self.peak_object_store_bytes_per_node[node] = max(self.peak_object_store_bytes_per_node[node], n)
+        self.timeline.append({"seconds": round(time.perf_counter() - self.started, 4),
+                              "network_bytes": self.bytes_between_nodes, "memory_bytes_per_node": dict(peak)})
 
 
 def driver_peak_rss_bytes() -> int:
