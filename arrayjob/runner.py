@@ -40,12 +40,22 @@ class RunOutcome:
 
 
 def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
-    """Read every input's metadata; a missing one is named with how to create demo data."""
+    """Read every input's metadata; a missing one is named with how to create demo data.
+
+    An input a job accepts as a group (e.g. PageRank's CSR ``indptr`` and ``indices``)
+    yields one entry per member, named ``<input>.<member>``.
+    """
     arrays = {}
+    members = get_job(spec.algorithm).group_inputs
     for name, location in spec.inputs.items():
         try:
             arrays[name] = open_array_info(name, location, spec.storage)
         except InputError as exc:
+            if "is a Zarr group" in str(exc) and name in members:
+                for member in members[name]:
+                    key = f"{name}.{member}"
+                    arrays[key] = open_array_info(key, location.join(member), spec.storage)
+                continue
             if "no Zarr array" in str(exc):
                 parent = str(location).rsplit("/", 1)[0]
                 raise InputError(f"{exc} (demo data: arrayjob datagen {spec.algorithm} {parent})") from None

@@ -33,9 +33,11 @@ def _median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
 
 
 def memory_rate() -> float:
-    """Bytes per second one core reads in a streaming pass (a sum over 256 MiB)."""
-    a = np.ones(32 * 2**20)
-    return a.nbytes / _median_seconds(lambda: a.sum())
+    """Bytes per second one core moves through an elementwise kernel: c = a + b over 64 MiB
+    arrays (two read, one written), the rate the cost model's 'bytes touched' runs at."""
+    a, b = np.ones(8 * 2**20), np.ones(8 * 2**20)
+    c = np.empty_like(a)
+    return 3 * a.nbytes / _median_seconds(lambda: np.add(a, b, out=c))
 
 
 def flop_rate() -> float:

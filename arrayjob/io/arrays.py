@@ -82,6 +82,14 @@ def open_array_info(name: str, location: Location, options: StorageOptions) -> A
     )
 
 
+def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, Any]:
+    """The attributes of the Zarr group at ``location`` (metadata only)."""
+    try:
+        return dict(zarr.open_group(store=zarr_store(location, options, read_only=True), mode="r").attrs)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{location}: cannot read the group's attributes: {_describe(exc)}") from None
+
+
 @functools.lru_cache(maxsize=64)
 def _open_for_reading(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
     # Cached per worker process: a block read costs its chunk GETs, not a metadata GET too.

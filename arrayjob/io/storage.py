@@ -62,6 +62,10 @@ class Location:
         return dataclasses.replace(self, path=path)
 
     @property
+    def parent(self) -> Location:
+        return dataclasses.replace(self, path=self.path.rstrip("/").rsplit("/", 1)[0])
+
+    @property
     def name(self) -> str:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
 

@@ -41,6 +41,7 @@ class Job(ABC):
     title: ClassVar[str]
     inputs: ClassVar[tuple[str, ...]]
     optional_inputs: ClassVar[tuple[str, ...]] = ()
+    group_inputs: ClassVar[dict[str, tuple[str, ...]]] = {}  # inputs that may be groups: members
     Params: ClassVar[type]
 
     def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None) -> None:

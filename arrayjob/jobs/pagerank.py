@@ -25,6 +25,7 @@ import numpy as np
 import scipy.sparse
 
 from arrayjob import lazy as la
+from arrayjob.io.arrays import ArrayInfo, read_group_attrs, read_whole
 from arrayjob.jobs.base import Job, JobContext, JobResult, require
 from arrayjob.planner.physical import Kernel
 
@@ -50,6 +51,21 @@ class SplitByTarget:
         order = np.argsort(owner, kind="stable")
         bounds = np.searchsorted(owner[order], np.arange(blocks + 1))
         return _object_row([(b, edges[order[bounds[b]: bounds[b + 1]]]) for b in range(blocks)])
+
+
+@dataclass(frozen=True)
+class SplitCSR:
+    """Like ``SplitByTarget`` for a chunk of a CSR ``indices`` array: sources come from
+    ``indptr`` (on every block) and the chunk's first position."""
+
+    n: int
+    block: int
+
+    def __call__(self, indices: np.ndarray, start: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+        positions = int(start[0]) + np.arange(len(indices))
+        sources = np.searchsorted(indptr, positions, side="right") - 1
+        edges = np.stack([sources, np.asarray(indices, dtype=np.int64)], axis=1)
+        return SplitByTarget(self.n, self.block)(edges)
 
 
 @dataclass(frozen=True)
@@ -98,28 +114,56 @@ class PageRank(Job):
     name = "pagerank"
     title = "PageRank"
     inputs = ("edges",)
+    group_inputs = {"edges": ("indptr", "indices")}  # or a CSR group of the adjacency matrix
     Params = PageRankParams
     params: PageRankParams
 
+    @property
+    def csr(self) -> bool:
+        return "edges.indices" in self.arrays
+
     def check_inputs(self) -> None:
+        if self.csr:
+            indptr, indices = self.arrays["edges.indptr"], self.arrays["edges.indices"]
+            for a in (indptr, indices):
+                require(a.ndim == 1 and np.dtype(a.dtype).kind in "iu",
+                        f"inputs.{a.name}: expected a 1-D integer array, got {a.dtype} of shape {a.shape}")
+            attrs = read_group_attrs(indptr.location.parent, self.storage)
+            shape = attrs.get("shape")
+            require(isinstance(shape, list) and len(shape) == 2 and shape[0] == shape[1],
+                    f"inputs.edges: expected the CSR group's attribute shape = [n, n], got {shape!r}")
+            self.csr_nodes = int(shape[0])
+            require(indptr.shape[0] == self.csr_nodes + 1,
+                    f"inputs.edges.indptr: expected {self.csr_nodes + 1} entries for shape {shape}, got {indptr.shape[0]}")
+            return
         e = self.arrays["edges"]
         require(e.ndim == 2 and e.shape[1] == 2, f"inputs.edges: expected an (E, 2) array of (source, target), got shape {e.shape}")
         require(np.dtype(e.dtype).kind in "iu", f"inputs.edges: expected integer node ids, got dtype {e.dtype}")
 
     def describe(self) -> str:
-        return f"{self.title} on {self.arrays['edges'].shape[0]:,} edges"
+        return f"{self.title} on {self._edge_array.shape[0]:,} edges"
+
+    @property
+    def _edge_array(self) -> ArrayInfo:
+        return self.arrays["edges.indices" if self.csr else "edges"]
 
     def _edges(self) -> la.BlockArray:
-        return la.from_zarr(self.arrays["edges"])
+        return la.from_zarr(self._edge_array)
 
     def _build(self, n: int, workers: int) -> tuple[dict[str, la.BlockArray], int]:
-        e = self.arrays["edges"]
+        e = self._edge_array
         chunk = e.chunks[0]
         chunks = math.ceil(e.shape[0] / chunk)
         block = math.ceil(n / max(1, min(n, 2 * workers)))
         blocks = math.ceil(n / block)
-        (pieces,) = la.map_blocks(Kernel("split_by_target", SplitByTarget(n, block)), self._edges(),
-                                  outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk])
+        if self.csr:
+            starts = la.value("chunk_starts", (chunks,), "int64")
+            indptr = la.value("indptr", (n + 1,), "int64")
+            (pieces,) = la.map_blocks(Kernel("split_csr_by_target", SplitCSR(n, block)), self._edges(), starts, indptr,
+                                      outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk, 1, None])
+        else:
+            (pieces,) = la.map_blocks(Kernel("split_by_target", SplitByTarget(n, block)), self._edges(),
+                                      outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk])
         (graph,) = la.map_blocks(Kernel("build_csr_block", BuildBlock(n, block)), la.transpose(pieces),
                                  outputs=[((blocks, 1), "object", 1)], block_rows=[1])
         return {"graph": graph}, block
@@ -127,18 +171,22 @@ class PageRank(Job):
     def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
         """One iteration. Without ``n_nodes`` the node count needs a pass over the edges,
         so the plan assumes as many nodes as edges."""
-        n = self.params.n_nodes or max(1, self.arrays["edges"].shape[0])
+        n = self._nodes_for_planning()
         kept, block = self._build(n, workers)
         graph = la.cached("graph", kept["graph"].shape, "object", (1, 1))
         return self._iteration(graph, n, block)
 
     def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
-        n = self.params.n_nodes or max(1, self.arrays["edges"].shape[0])
-        build, _ = self._build(n, workers)
+        build, _ = self._build(self._nodes_for_planning(), workers)
         return [(build, 1), (self.program(workers), iterations)]
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
-        return [((self.params.n_nodes or max(1, self.arrays["edges"].shape[0]),), "float64", None)]
+        return [((self._nodes_for_planning(),), "float64", None)]
+
+    def _nodes_for_planning(self) -> int:
+        if self.csr:
+            return self.csr_nodes
+        return self.params.n_nodes or max(1, self._edge_array.shape[0])
 
     def _iteration(self, graph: la.BlockArray, n: int, block: int) -> dict[str, la.BlockArray]:
         (y,) = la.map_blocks(Kernel("spmv", spmv), graph, la.value("x", (n,)), outputs=[((n,), "float64", block)],
@@ -147,15 +195,19 @@ class PageRank(Job):
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
-        E = self.arrays["edges"].shape[0]
+        E = self._edge_array.shape[0]
         workers = ctx.session.options.cluster.workers
         with ctx.metrics.stage("load"):
             ids = self._id_range(ctx)
-            n = p.n_nodes or int(ids[1]) + 1
+            n = self.csr_nodes if self.csr else (p.n_nodes or int(ids[1]) + 1)
             require(E == 0 or ids[0] >= 0, f"inputs.edges: node ids must be >= 0, found {int(ids[0])}")
             require(E == 0 or ids[1] < n, f"inputs.edges: node id {int(ids[1])} is out of range for params.n_nodes = {n}")
             build, block = self._build(n, workers)
-            kept = ctx.session.persist(build)
+            values = {}
+            if self.csr:
+                values = {"indptr": read_whole(self.arrays["edges.indptr"], self.storage, ctx.metrics).astype(np.int64),
+                          "chunk_starts": np.arange(0, max(E, 1), self._edge_array.chunks[0], dtype=np.int64)}
+            kept = ctx.session.persist(build, values)
             blocks = kept["graph"].shape[0]
             (degree_parts,) = la.map_blocks(Kernel("out_degree", out_degree), kept["graph"],
                                             outputs=[((blocks, n), "float64", 1)], block_rows=[1])
@@ -183,7 +235,7 @@ class PageRank(Job):
                           f"(L1 change {delta:.2e}, tol {p.tol:g}); {n:,} nodes, {E:,} edges"])
 
     def _id_range(self, ctx: JobContext) -> np.ndarray:
-        e = self.arrays["edges"]
+        e = self._edge_array
         chunk = e.chunks[0]
         chunks = math.ceil(e.shape[0] / chunk) if e.shape[0] else 1
         (parts,) = la.map_blocks(Kernel("id_range", id_range), self._edges(), outputs=[((chunks, 2), "int64", 1)],
