@@ -1,18 +1,23 @@
-"""Block kernels: what a task runs. Pure NumPy on in-memory blocks, no I/O.
+"""Block kernels: what a task runs. NumPy and numexpr on in-memory blocks, no I/O.
 
 ``BlockKernel`` evaluates a fused subgraph of the IR on one block of each of its inputs
 and returns the blocks (or partial results) of the nodes it materialises. The planner
-builds it; the runtime only calls it.
+builds it; the runtime only calls it. It is shipped to workers by pickling and compiled
+there on first use (``blockprogram.Program``: numexpr expressions, row sub-blocking),
+once per argument shapes and dtypes; ``interpret`` runs it one NumPy call per step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from arrayjob.planner.ir import ELEMENTWISE
+from arrayjob.planner.ir import ELEMENTWISE, parse_einsum
 
 
 def add_partials(*partials: Any) -> Any:
@@ -71,9 +76,37 @@ class Step:
 
 def _einsum(subscripts: str, *blocks: np.ndarray) -> np.ndarray:
     if len(blocks) == 2:
-        # BLAS for the common pairwise contractions; einsum's C loop otherwise.
+        contract = _pairwise(subscripts)
+        if contract is not None:
+            return contract(*blocks)
+        # BLAS for the other pairwise contractions; einsum's C loop otherwise.
         return np.einsum(subscripts, *blocks, optimize=True)
     return np.einsum(subscripts, *blocks, optimize="greedy")
+
+
+@functools.lru_cache(maxsize=512)
+def _pairwise(subscripts: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    """``tensordot`` for a plain two-operand contraction (``ij,j->i``, ``ji,j->i``, ``ik,ij->kj``):
+    BLAS without ``einsum``'s path search, which costs more than the product on small blocks."""
+    terms, out = parse_einsum(subscripts)
+    if len(terms) != 2:
+        return None
+    a, b = terms
+    shared = [label for label in a if label in b]
+    if any(len(set(t)) != len(t) for t in (a, b, out)) or set(shared) & set(out) \
+            or set(a + b) - set(shared) != set(out):
+        return None  # diagonals, batch labels or labels summed within one operand: einsum
+    axes = ([a.index(label) for label in shared], [b.index(label) for label in shared])
+    free = [label for label in a + b if label not in shared]
+    perm = tuple(free.index(label) for label in out)
+    if perm == tuple(range(len(perm))):
+        return lambda x, y: np.tensordot(x, y, axes=axes)
+    return lambda x, y: np.tensordot(x, y, axes=axes).transpose(perm)
+
+
+Signature = tuple[tuple[tuple[int, ...], str], ...]
+_COMPILED: OrderedDict[BlockKernel, dict[Signature, Any]] = OrderedDict()  # per process
+_COMPILED_KERNELS = 256
 
 
 @dataclass(frozen=True)
@@ -86,12 +119,45 @@ class BlockKernel:
     outputs: tuple[int, ...]  # slots returned, in order
 
     def __call__(self, *args: Any) -> Any:
+        from arrayjob.planner.blockprogram import Program
+
+        signature = tuple((tuple(np.shape(a)), str(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype))
+                          for a in args)
+        programs = self._programs()
+        program = programs.get(signature)
+        if program is None:
+            program = programs[signature] = Program(self, args)
+        return self._result(program(args))
+
+    def interpret(self, *args: Any) -> Any:
+        """One NumPy call per step, every intermediate materialised (the reference)."""
+        from arrayjob.planner.blockprogram import last_uses
+
         slots: list[Any] = list(args)
-        for step in self.steps:
+        done_after = last_uses([step.inputs for step in self.steps], keep={*self.outputs, *range(self.n_args)})
+        for step, done in zip(self.steps, done_after, strict=True):
             slots.append(evaluate(step, [slots[i] for i in step.inputs]))
-        if len(self.outputs) == 1:
-            return slots[self.outputs[0]]
-        return tuple(slots[o] for o in self.outputs)
+            for slot in done:
+                slots[slot] = None
+        return self._result([slots[o] for o in self.outputs])
+
+    def _result(self, values: list[Any]) -> Any:
+        return values[0] if len(self.outputs) == 1 else tuple(values)
+
+    def _programs(self) -> dict[Signature, Any]:
+        # Cached on the instance, and by structure for the process: a worker unpickles a
+        # fresh copy of the kernel for every task and must not compile it again.
+        programs = self.__dict__.get("_compiled")
+        if programs is None:
+            programs = _COMPILED.pop(self, None) or {}
+            _COMPILED[self] = programs
+            while len(_COMPILED) > _COMPILED_KERNELS:
+                _COMPILED.popitem(last=False)
+            object.__setattr__(self, "_compiled", programs)
+        return programs
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def evaluate(step: Step, inputs: list[Any]) -> Any:
