@@ -40,9 +40,9 @@ class ClusterOptions:
 class PlannerOptions:
     """The ``[planner]`` section: which strategy each planner pass uses."""
 
-    tiling: Literal["greedy", "exact", "naive"] = "naive"
-    fusion: Literal["cost", "all", "none"] = "none"
-    placement: Literal["lshs", "roundrobin", "ray"] = "roundrobin"
+    tiling: Literal["greedy", "exact", "naive"] = "greedy"
+    fusion: Literal["cost", "all", "none"] = "cost"
+    placement: Literal["lshs", "roundrobin", "ray"] = "lshs"
 
 
 @dataclass(frozen=True)
