@@ -184,6 +184,7 @@ class _Lowering:
             if partial[v] and v not in kernel.outputs:
                 raise ValueError(f"kernel {kernel.name}: partial node {v} ({n.label()}) must be an output")
 
+        own_cut = {v: set(self.part_classes(v)) for v in kernel.outputs}
         block_kernel = self.block_kernel(kernel, external)
         order = sorted(space)
         per_output: dict[int, dict[tuple[int, ...], list[TaskResult]]] = {v: defaultdict(list) for v in kernel.outputs}
@@ -214,6 +215,8 @@ class _Lowering:
                         num_outputs=len(kernel.outputs), out_shapes=tuple(out_shapes), out_bytes=tuple(out_bytes))
             self.tasks.append(task)
             for p, v in enumerate(kernel.outputs):
+                if any(at[c] for c in space if c not in dep[v] and c not in own_cut[v]):
+                    continue  # the same block again: this output does not depend on that class
                 n = g.nodes[v]
                 bidx = tuple(at.get(classes.of_axis(v, a), 0) if a in self.plan.tilings[v].axes else 0
                              for a in range(n.ndim))
