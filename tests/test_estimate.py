@@ -33,7 +33,7 @@ def test_estimate_reads_no_chunk(spec, workdir, capsys):
     assert set(doc) >= KEYS
     assert doc["storage"]["bytes_read"] == 4000 * 6 * 8 + 4000 * 8  # every block once, uncompressed
     assert doc["iterations"] == {"assumed": 20, "from": "params.max_iter, an upper bound"}
-    assert [s["name"] for s in doc["stages"]] == ["connect", "load", "fit", "write"]
+    assert [s["name"] for s in doc["stages"]] == ["connect", "load", "fit", "write", "shutdown"]
     assert doc["stages"][2]["runs"] == 21 and doc["stages"][2]["storage.bytes_read"] == 0
     assert not (workdir / "out").exists()
 

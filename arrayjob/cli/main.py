@@ -175,6 +175,9 @@ def estimate(spec: str, overrides: tuple[str, ...], nodes: int, instance_type: s
 @debug_option
 def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug: bool) -> None:
     """Measure this machine (or the connected cluster) and the bucket for `estimate`."""
+    import dataclasses
+    import time
+
     from arrayjob.costing.calibrate import calibrate as measure
     from arrayjob.costing.profile import save_profile
     from arrayjob.io.storage import StorageOptions, parse_uri
@@ -182,8 +185,13 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
     from arrayjob.spec import ClusterOptions
 
     address = os.environ.get("RAY_ADDRESS", "local")
+    start = time.perf_counter()
     with ray_cluster(ClusterOptions(address=address)) as cluster:
-        profile = measure(parse_uri(bucket, key="--bucket"), StorageOptions(), cluster.node_ids, cluster.cpus)
+        startup = time.perf_counter() - start
+        profile = measure(parse_uri(bucket, key="--bucket"), StorageOptions(), cluster.node_ids, cluster.cpus,
+                          startup, 0.0)
+        stopping = time.perf_counter()
+    profile = dataclasses.replace(profile, shutdown_seconds=time.perf_counter() - stopping)
     path = save_profile(profile, output)
     click.echo(f"saved {path}:")
     click.echo(profile.to_json())

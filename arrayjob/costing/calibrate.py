@@ -72,8 +72,8 @@ def storage_rates(bucket: Location, options: StorageOptions) -> tuple[float, flo
         fs.rm(prefix.path, recursive=True)
 
 
-def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[float, float, float, float]:
-    """(memory bytes/s, flops/s, task overhead s, bytes/s between nodes) from Ray tasks."""
+def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[float, float, float, float, float]:
+    """(memory bytes/s, flops/s, task overhead s, bytes/s between nodes, warm-up s) from Ray tasks."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -81,6 +81,13 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[float, float, float
     def rates() -> tuple[float, float]:
         return memory_rate(), flop_rate()
 
+    @ray.remote
+    def hello() -> None:
+        return None
+
+    start = time.perf_counter()
+    ray.get([hello.remote() for _ in range(cpus)])  # cold: worker processes start
+    warmup = time.perf_counter() - start
     memory, flops = ray.get(rates.remote())
 
     @ray.remote
@@ -109,16 +116,33 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[float, float, float
         start = time.perf_counter()
         nbytes = ray.get(touch.options(**on[1]).remote(block))
         network = nbytes / (time.perf_counter() - start)
-    return memory, flops, overhead, network
+    return memory, flops, overhead, network, warmup
 
 
-def calibrate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...], cpus: int) -> MachineProfile:
+def run_overhead(node_ids: tuple[str, ...], options: StorageOptions) -> float:
+    """The driver's share of one program run: plan lookup, submit, fetch and accounting."""
+    from arrayjob import lazy as la
+    from arrayjob.planner.plan import ClusterShape, PlanOptions
+    from arrayjob.runtime.ray_executor import RayExecutor
+    from arrayjob.runtime.session import Session
+
+    session = Session(RayExecutor(options, node_ids), PlanOptions(cluster=ClusterShape(nodes=max(1, len(node_ids)))))
+    program = {"s": (la.value("v", (8,)) * 2.0).sum()}
+    values = {"v": np.ones(8)}
+    session.compute(program, values)
+    return _median_seconds(lambda: session.compute(program, values), repeats=20)
+
+
+def calibrate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...], cpus: int,
+              startup: float, shutdown: float) -> MachineProfile:
+    """Everything but Ray's start and stop times, which the caller measures around its cluster."""
     read, write, latency = storage_rates(bucket, options)
-    memory, flops, overhead, network = ray_rates(node_ids, cpus)
+    memory, flops, overhead, network, warmup = ray_rates(node_ids, cpus)
     return MachineProfile(
         name=f"measured ({len(node_ids)} node(s), {cpus} CPUs)",
         memory_bytes_per_s=memory, flops_per_s=flops, storage_read_bytes_per_s=read,
         storage_write_bytes_per_s=write, request_seconds=latency, task_overhead_seconds=overhead,
-        network_bytes_per_s=network, measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        bucket=str(bucket),
+        network_bytes_per_s=network, startup_seconds=startup, shutdown_seconds=shutdown, warmup_seconds=warmup,
+        run_overhead_seconds=run_overhead(node_ids, options),
+        measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), bucket=str(bucket),
     )

@@ -17,6 +17,7 @@ import numpy as np
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.lazy import capture
+from arrayjob.planner.physical import SourceBlock
 from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
 
 STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
@@ -142,9 +143,10 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         cost = plan.cost
         assert plan.physical is not None and cost is not None
         fresh = [s for s in plan.physical.sources if s.array.uri not in sources_seen]
-        if fresh:  # stored blocks are read once, then kept for the job
+        if fresh:  # stored blocks are read once, by one task each, then kept for the job
             load.bytes_read += cost.bytes_read
             load.get_requests += cost.get_requests
+            load.tasks += len({a for t in plan.physical.tasks for a in t.args if isinstance(a, SourceBlock)})
             sources_seen.update(s.array.uri for s in fresh)
         fit.runs += runs
         fit.bytes_between_nodes += runs * cost.bytes_between_nodes
@@ -157,14 +159,19 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         write.bytes_written += nbytes
         chunks = math.ceil(shape[0] / chunk_rows) if shape and chunk_rows else 1
-        write.put_requests += chunks + 1  # chunks and the array's metadata
-        write.bytes_written += 620  # an array's zarr.json
-    write.put_requests += 1  # the group's zarr.json (report.json and _SUCCESS are not counted)
-    write.bytes_written += 260
+        write.put_requests += chunks + 5  # chunks, the array's metadata and the group's again
+        write.get_requests += 2  # zarr checks that the array is new
+        write.bytes_written += 1300  # zarr.json of the array and of the group
+    write.put_requests += 2  # the group's zarr.json (report.json and _SUCCESS are not counted)
+    write.get_requests += 2
+    write.bytes_written += 300
     connect = StageEstimate("connect", wall_seconds=profile.startup_seconds)
-    stages = [connect, load, fit, write]
+    shutdown = StageEstimate("shutdown", wall_seconds=profile.shutdown_seconds)
+    stages = [connect, load, fit, write, shutdown]
     for stage in (load, fit, write):
         stage.wall_seconds = _seconds(stage, profile, cluster)
+    load.wall_seconds += profile.warmup_seconds + profile.run_overhead_seconds
+    fit.wall_seconds += fit.runs * profile.run_overhead_seconds
     fit.peak_bytes_per_node = [max(p[i] for p in peaks) for i in range(len(peaks[0]))] if peaks else []
     result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source)
     peak = max(result.peak_bytes_per_node, default=0)

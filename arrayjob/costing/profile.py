@@ -27,6 +27,9 @@ class MachineProfile:
     task_overhead_seconds: float  # Ray, per task
     network_bytes_per_s: float  # between nodes (memory rate on one node)
     startup_seconds: float = 3.0  # starting a local Ray instance
+    shutdown_seconds: float = 1.4  # stopping it
+    warmup_seconds: float = 0.6  # the first tasks on a fresh cluster (worker processes start)
+    run_overhead_seconds: float = 0.02  # the driver's part of one program run (submit, fetch, account)
     measured_at: str = ""
     bucket: str = ""
 

@@ -1,0 +1,99 @@
+"""Estimate vs actual for every algorithm, at a small and a large size.
+
+    .venv/bin/python benchmarks/estimate_accuracy.py [--sizes small,large] [--json FILE]
+
+For each algorithm: write demo data into a local bucket, run the job as a process
+(`arrayjob run --json`, its own local Ray), then estimate the same spec with the
+iteration count the run used (`arrayjob estimate --iterations N --format json`) and
+compare. Run `arrayjob calibrate` first so the estimate uses this machine's profile.
+Targets (issue 5): storage bytes exact, requests within 5 %, peak memory per node
+within 20 %, wall time within ±30 % (bytes between nodes: see benchmarks/multinode.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ARRAYJOB = str(Path(sys.executable).parent / "arrayjob")
+
+# algorithm -> size -> datagen arguments (large: >= 1 GB of input)
+SIZES = {
+    "logreg": {"small": "--rows 200000 --cols 32 --chunk-rows 25000", "large": "--rows 2100000 --cols 64 --chunk-rows 50000"},
+    "linreg": {"small": "--rows 200000 --cols 32 --chunk-rows 25000", "large": "--rows 2100000 --cols 64 --chunk-rows 50000"},
+    "kmeans": {"small": "--rows 200000 --cols 16 --chunk-rows 25000 --k 8",
+               "large": "--rows 4200000 --cols 32 --chunk-rows 100000 --k 8"},
+    "tsqr": {"small": "--rows 200000 --cols 32 --chunk-rows 25000", "large": "--rows 2100000 --cols 64 --chunk-rows 50000"},
+    "mttkrp": {"small": "--shape 100,100,100 --chunk-rows 10 --rank 16", "large": "--shape 520,520,520 --chunk-rows 20 --rank 32"},
+    "cp_als": {"small": "--shape 100,100,100 --chunk-rows 10 --rank 8", "large": "--shape 520,520,520 --chunk-rows 20 --rank 8"},
+    "pagerank": {"small": "--rows 100000 --edges 1000000 --chunk-rows 250000",
+                 "large": "--rows 4000000 --edges 70000000 --chunk-rows 2500000"},
+}
+SET = {"cp_als": ["--set", "params.max_iter=10"], "kmeans": ["--set", "params.max_iter=20"],
+       "pagerank": ["--set", "params.max_iter=20"]}
+CONFIG_NAME = {"cp_als": "cp-als"}
+
+
+def _run(args: list[str], env: dict[str, str]) -> dict:
+    out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def _figures(doc: dict) -> dict[str, float]:
+    return {
+        "wall_seconds": doc["wall_seconds"],
+        "storage.bytes_read": doc["storage"]["bytes_read"],
+        "storage.get_requests": doc["storage"]["get_requests"],
+        "memory.peak (max node)": max(doc["memory"]["peak_bytes_per_node"] or [0]),
+        "tasks.count": doc["tasks"]["count"],
+    }
+
+
+def measure(algorithm: str, size: str, bucket: Path) -> dict:
+    env = {**os.environ, "ARRAYJOB_BUCKET": str(bucket)}
+    data = bucket / "demo" / algorithm
+    if not (data / ".done").exists():
+        subprocess.run([ARRAYJOB, "datagen", algorithm, str(data), *SIZES[algorithm][size].split()], env=env,
+                       check=True, capture_output=True)
+        (data / ".done").write_text("")
+    spec = str(REPO / "configs" / f"{algorithm}.toml")
+    actual = _run([ARRAYJOB, "run", spec, "--overwrite", "--json", *SET.get(algorithm, [])], env)
+    iterations = int(actual["result"].get("iterations", 1))
+    estimate = _run([ARRAYJOB, "estimate", spec, "--format", "json", "--iterations", str(max(1, iterations)),
+                     *SET.get(algorithm, [])], env)
+    a, e = _figures(actual), _figures(estimate)
+    return {"algorithm": algorithm, "size": size, "iterations": iterations,
+            "input_bytes": estimate["storage"]["bytes_read"], "actual": a, "estimate": e,
+            "error": {k: (a[k] - e[k]) / e[k] if e[k] else None for k in a}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="small")
+    parser.add_argument("--algorithms", default=",".join(SIZES))
+    parser.add_argument("--bucket", default=None, help="where demo data go [default: a temporary directory]")
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+    bucket = Path(args.bucket or tempfile.mkdtemp(prefix="arrayjob-accuracy-"))
+    rows = []
+    for size in args.sizes.split(","):
+        for algorithm in args.algorithms.split(","):
+            row = measure(algorithm, size, bucket / size)
+            rows.append(row)
+            err = row["error"]
+            print(f"{algorithm:9} {size:6} {row['input_bytes'] / 1e9:6.2f} GB  it={row['iterations']:<4}"
+                  + "  ".join(f"{k}: {row['actual'][k]:.4g} vs {row['estimate'][k]:.4g} "
+                              f"({'n/a' if err[k] is None else f'{err[k]:+.0%}'})" for k in row["actual"]),
+                  flush=True)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
