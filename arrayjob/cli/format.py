@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from arrayjob.units import size
 
-def size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError
+__all__ = ["size", "summary"]
 
 
 def summary(outcome: Any) -> str:

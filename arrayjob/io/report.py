@@ -26,7 +26,8 @@ COMPARED = ("wall_seconds", "storage.bytes_read", "storage.get_requests", "stora
             "nodes.node_seconds", "dollars.total")
 
 
-def _lookup(doc: dict[str, Any], key: str) -> Any:
+def lookup(doc: dict[str, Any], key: str) -> Any:
+    """``doc['a']['b']`` for ``key = 'a.b'``, or None."""
     node: Any = doc
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -39,7 +40,7 @@ def estimate_errors(report: dict[str, Any], estimate: dict[str, Any]) -> dict[st
     """(actual − estimate) / estimate for each compared figure (max over nodes for lists)."""
     errors: dict[str, float | None] = {}
     for key in COMPARED:
-        actual, predicted = _lookup(report, key), _lookup(estimate, key)
+        actual, predicted = lookup(report, key), lookup(estimate, key)
         if isinstance(actual, list):
             actual, predicted = max(actual, default=0), max(predicted or [0], default=0)
         if actual is None or predicted is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from arrayjob.io.report import lookup
+
 COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D")
 
 
@@ -87,17 +89,8 @@ def _figures(report: dict[str, Any]) -> list[tuple[str, Any, Any, Any]]:
     for key in ("wall_seconds", "storage.bytes_read", "storage.get_requests", "storage.bytes_written",
                 "storage.put_requests", "network.bytes_between_nodes", "tasks.count", "nodes.node_seconds",
                 "dollars.total"):
-        rows.append((key, _lookup(est, key), _lookup(report, key), errors.get(key)))
+        rows.append((key, lookup(est, key), lookup(report, key), errors.get(key)))
     return rows
-
-
-def _lookup(doc: dict[str, Any], key: str) -> Any:
-    node: Any = doc
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def render(report: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ import scipy.linalg
 import scipy.optimize
 
 from arrayjob import lazy as la
-from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
+from arrayjob.jobs.base import Job, JobContext, JobResult, require_features_and_targets
 from arrayjob.planner.physical import Kernel
 
 
@@ -55,15 +55,7 @@ class LogisticRegression(Job):
     params: LogRegParams
 
     def check_inputs(self) -> None:
-        X, y = self.arrays["X"], self.arrays["y"]
-        require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
-        require(X.shape[0] > 0 and X.shape[1] > 0, f"inputs.X: expected at least one row and one column, got shape {X.shape}")
-        require_numeric(X)
-        require_numeric(y)
-        require(
-            y.shape in ((X.shape[0],), (X.shape[0], 1)),
-            f"inputs.y: expected shape ({X.shape[0]},) to match the rows of inputs.X {X.shape}, got {y.shape}",
-        )
+        require_features_and_targets(self.arrays)
 
     def describe(self) -> str:
         X = self.arrays["X"]

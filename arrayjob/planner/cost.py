@@ -43,6 +43,7 @@ from arrayjob.planner.physical import (
     TaskResult,
 )
 from arrayjob.planner.plan import Plan
+from arrayjob.units import size
 
 TRANSCENDENTAL = {"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "logaddexp", "power", "sin", "cos"}
 
@@ -188,14 +189,6 @@ class ClusterLoad:
 # -- the plan's cost ------------------------------------------------------------------------
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
 def _fmt_count(n: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
@@ -245,10 +238,10 @@ class PlanCost:
             "cost (one run of the plan):",
             f"  tasks           {self.tasks:>12,}",
             f"  flops           {_fmt_count(self.flops):>12}",
-            f"  storage read    {_fmt_bytes(self.bytes_read):>12}   in {self.get_requests:,} GET requests",
-            f"  storage written {_fmt_bytes(self.bytes_written):>12}",
-            f"  between nodes   {_fmt_bytes(self.bytes_between_nodes):>12}",
-            f"  bytes touched   {_fmt_bytes(self.bytes_touched):>12}",
+            f"  storage read    {size(self.bytes_read):>12}   in {self.get_requests:,} GET requests",
+            f"  storage written {size(self.bytes_written):>12}",
+            f"  between nodes   {size(self.bytes_between_nodes):>12}",
+            f"  bytes touched   {size(self.bytes_touched):>12}",
             "",
             f"  {'node':>5} {'tasks':>7} {'peak memory':>12} {'network in':>12} {'network out':>12}",
         ]
@@ -258,7 +251,7 @@ class PlanCost:
         rows = list(zip(range(n), *columns, strict=True))
 
         def row(label: str, t: float, m: float, i: float, o: float) -> str:
-            return f"  {label:>5} {t:>7,.0f} {_fmt_bytes(m):>12} {_fmt_bytes(i):>12} {_fmt_bytes(o):>12}"
+            return f"  {label:>5} {t:>7,.0f} {size(m):>12} {size(i):>12} {size(o):>12}"
 
         if n <= max_rows:
             lines += [row(str(r[0]), *r[1:]) for r in rows]

@@ -13,14 +13,6 @@ def _fmt_shape(shape: tuple[int, ...]) -> str:
     return " × ".join(f"{s:,}" for s in shape) if shape else "scalar"
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError
-
-
 def array_name(plan: Plan, i: int) -> str:
     n = plan.graph.nodes[i]
     if n.op in ("source", "value"):
@@ -124,23 +116,8 @@ def to_text(plan: Plan, title: str = "") -> str:
         lines.append(f"tasks: {t['count']} ({kinds}){where}")
     if plan.cost is not None:
         lines.append("")
-        table = getattr(plan.cost, "table", None)
-        lines.append(table() if callable(table) else _cost_text(doc["cost"]))
+        lines.append(plan.cost.table())
     return "\n".join(lines)
-
-
-def _cost_text(cost: dict[str, Any]) -> str:
-    st, mem = cost["storage"], cost["memory"]
-    return "\n".join([
-        "cost (one run of the plan):",
-        f"  storage read        {_size(st['bytes_read']):>10} in {st['get_requests']:,} requests",
-        f"  storage written     {_size(st['bytes_written']):>10}",
-        f"  between nodes       {_size(cost['network']['bytes_between_nodes']):>10}",
-        f"  touched in memory   {_size(mem['bytes_touched']):>10}",
-        f"  peak per node       {', '.join(_size(b) for b in mem['peak_bytes_per_node'])}",
-        f"  flops               {cost['flops']:>10.3g}",
-        f"  tasks               {cost['tasks']['count']:>10,}",
-    ])
 
 
 def to_dot(plan: Plan) -> str:
