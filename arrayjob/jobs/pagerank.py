@@ -7,10 +7,12 @@ self-loops are kept, dangling nodes spread their rank uniformly).
 The transposed adjacency Aᵀ is built once on the workers and kept (``Session.persist``):
 each edge chunk is split by target block, the pieces are gathered per target block (the
 only shuffle, every edge moved once), de-duplicated and turned into a CSR block of
-(targets in the block) × (all sources). Each iteration moves only vectors: x = r / outdeg
-goes to every block, and each block returns its slice of the new r. The driver keeps r
-(8n bytes) and does the O(n) updates; the d·y + base update is fused into the SpMV's
-consumer kernel by the planner.
+(targets in the block) × (all sources); once the out-degrees are known (one more pass
+over the kept blocks) each block's columns are divided by them and its dangling targets
+marked. An iteration is then one fused kernel per block (KASEN's PageRank example): the
+SpMV, the update d·y + base, and the block's share of the dangling mass and of the L1
+change. Only vectors move: r goes to every block, each block returns its slice of the
+new r and two partial sums.
 
 Cost: build, one pass over the edges (16E bytes) and one shuffle of them; per iteration,
 2E flops, 8n bytes to each of B blocks and 8n bytes back.
@@ -82,20 +84,45 @@ class BuildBlock:
         keys = np.unique(edges[:, 1] * self.n + edges[:, 0])  # each (target, source) once
         shape = (min(self.block, self.n - first), self.n)
         matrix = scipy.sparse.csr_matrix((np.ones(len(keys)), (keys // self.n - first, keys % self.n)), shape=shape)
-        block = np.empty((1, 1), dtype=object)
-        block[0, 0] = matrix
-        return block
+        return _object_row([GraphBlock(first, matrix)])
+
+
+@dataclass(frozen=True)
+class GraphBlock:
+    """Rows ``first …`` of Aᵀ (targets × sources); after ``scale_block``, columns divided by
+    the sources' out-degrees, with the block's dangling targets marked."""
+
+    first: int
+    matrix: scipy.sparse.csr_matrix
+    dangling: np.ndarray | None = None
+
+
+def scale_block(blocks: np.ndarray, inverse_degree: np.ndarray, dangling: np.ndarray) -> np.ndarray:
+    (g,) = blocks.ravel()
+    rows = slice(g.first, g.first + g.matrix.shape[0])
+    scaled = (g.matrix @ scipy.sparse.diags(inverse_degree)).tocsr()
+    return _object_row([GraphBlock(g.first, scaled, dangling[rows].copy())])
+
+
+@dataclass(frozen=True)
+class PageRankStep:
+    """One iteration on one block, fused: the SpMV, the update, and the block's share of
+    the dangling mass and of the L1 change (KASEN's PageRank kernel)."""
+
+    damping: float
+
+    def __call__(self, blocks: np.ndarray, rank: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        (g,) = blocks.ravel()
+        new = self.damping * (g.matrix @ rank) + base
+        old = rank[g.first: g.first + len(new)]
+        stats = np.array([[np.abs(new - old).sum(), new[g.dangling].sum()]])
+        return new, stats
 
 
 def out_degree(blocks: np.ndarray) -> np.ndarray:
     """Partial out-degrees (edges per source) from one block of Aᵀ."""
-    (matrix,) = blocks.ravel()
-    return np.asarray(matrix.sum(axis=0)).reshape(1, -1)
-
-
-def spmv(blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
-    (matrix,) = blocks.ravel()
-    return matrix @ x
+    (g,) = blocks.ravel()
+    return np.asarray(g.matrix.sum(axis=0)).reshape(1, -1)
 
 
 def id_range(edges: np.ndarray) -> np.ndarray:
@@ -189,9 +216,12 @@ class PageRank(Job):
         return self.params.n_nodes or max(1, self._edge_array.shape[0])
 
     def _iteration(self, graph: la.BlockArray, n: int, block: int) -> dict[str, la.BlockArray]:
-        (y,) = la.map_blocks(Kernel("spmv", spmv), graph, la.value("x", (n,)), outputs=[((n,), "float64", block)],
-                             block_rows=[1, None])
-        return {"rank": self.params.damping * y + la.value("base", ())}
+        blocks = graph.shape[0]
+        rank, stats = la.map_blocks(Kernel("pagerank_step", PageRankStep(self.params.damping)), graph,
+                                    la.value("rank", (n,)), la.value("base", ()),
+                                    outputs=[((n,), "float64", block), ((blocks, 2), "float64", 1)],
+                                    block_rows=[1, None, None])
+        return {"rank": rank, "stats": stats.sum(axis=0)}  # stats: [L1 change, dangling mass]
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
@@ -212,21 +242,26 @@ class PageRank(Job):
             (degree_parts,) = la.map_blocks(Kernel("out_degree", out_degree), kept["graph"],
                                             outputs=[((blocks, n), "float64", 1)], block_rows=[1])
             outdeg = ctx.session.compute({"d": degree_parts.sum(axis=0)})["d"]
-        dangling = outdeg == 0
-        inverse = np.where(dangling, 0.0, 1.0 / np.where(dangling, 1.0, outdeg))
-        step = self._iteration(kept["graph"], n, block)
+            dangling = outdeg == 0
+            inverse = np.where(dangling, 0.0, 1.0 / np.where(dangling, 1.0, outdeg))
+            (scaled,) = la.map_blocks(Kernel("scale_by_out_degree", scale_block), kept["graph"],
+                                      la.value("inverse_degree", (n,)), la.value("dangling", (n,), "bool"),
+                                      outputs=[(kept["graph"].shape, "object", 1)], block_rows=[1, None, None])
+            graph = ctx.session.persist({"graph": scaled}, {"inverse_degree": inverse, "dangling": dangling})
+            ctx.session.release(kept)
+        step = self._iteration(graph["graph"], n, block)
         rank = np.full(n, 1.0 / n)
+        dangling_mass = float(rank[dangling].sum())
         converged, iterations, delta = False, 0, np.inf
         with ctx.metrics.stage("fit"):
             for iterations in range(1, p.max_iter + 1):  # noqa: B007
-                base = (p.damping * rank[dangling].sum() + 1.0 - p.damping) / n
-                new = ctx.session.compute(step, {"x": rank * inverse, "base": base})["rank"]
-                delta = float(np.abs(new - rank).sum())
-                rank = new
+                base = (p.damping * dangling_mass + 1.0 - p.damping) / n
+                r = ctx.session.compute(step, {"rank": rank, "base": base})
+                rank, (delta, dangling_mass) = r["rank"], (float(v) for v in r["stats"])
                 if delta <= p.tol:
                     converged = True
                     break
-        ctx.session.release(kept)
+        ctx.session.release(graph)
         rank /= rank.sum()
         attrs = {"iterations": iterations, "converged": converged, "l1_change": delta, "n_nodes": n,
                  "damping": p.damping}
