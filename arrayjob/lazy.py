@@ -15,6 +15,7 @@ Nothing touches data until ``compute``. Small results come back to the driver as
 
 from __future__ import annotations
 
+import hashlib
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -30,12 +31,13 @@ from arrayjob.planner.physical import Kernel
 class BlockArray:
     """A lazy n-d array: an op, its inputs, and the shape and dtype it will have."""
 
-    __slots__ = ("op", "inputs", "shape", "dtype", "attrs")
+    __slots__ = ("op", "inputs", "shape", "dtype", "attrs", "data")
     __array_priority__ = 100  # so ndarray + BlockArray defers to BlockArray
 
     def __init__(self, op: str, inputs: tuple[BlockArray, ...], shape: tuple[int, ...], dtype: str,
-                 attrs: tuple[Any, ...] = ()) -> None:
+                 attrs: tuple[Any, ...] = (), data: np.ndarray | None = None) -> None:
         self.op, self.inputs, self.shape, self.dtype, self.attrs = op, inputs, tuple(shape), dtype, attrs
+        self.data = data  # a from_numpy array's contents: bound at compute, never part of the graph
 
     def __repr__(self) -> str:
         return f"BlockArray({self.op}, shape={self.shape}, dtype={self.dtype})"
@@ -115,6 +117,34 @@ def cached(handle: str, shape: tuple[int, ...], dtype: str, block_shape: tuple[i
 def value(name: str, shape: tuple[int, ...], dtype: str = "float64") -> BlockArray:
     """A small driver array, bound by name at ``compute`` time (weights, centroids, ...)."""
     return BlockArray("value", (), shape, str(np.dtype(dtype)), (name,))
+
+
+def from_numpy(array: np.ndarray, name: str | None = None) -> BlockArray:
+    """A small in-memory array, sent to the workers that need it when the program runs.
+
+    Its contents stay out of the graph (only its name, shape and dtype are planned), so a
+    program re-built with new contents under the same name reuses its plan.
+    """
+    array = np.ascontiguousarray(array)
+    if name is None:
+        name = "array-" + hashlib.sha1(array.tobytes() + str(array.dtype).encode()).hexdigest()[:12]
+    return BlockArray("value", (), array.shape, str(array.dtype), (name,), data=array)
+
+
+def bound_values(outputs: Sequence[BlockArray]) -> dict[str, np.ndarray]:
+    """The contents of every ``from_numpy`` array the outputs depend on, by name."""
+    found: dict[str, np.ndarray] = {}
+    seen: set[int] = set()
+    stack = list(outputs)
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.data is not None:
+            found[x.attrs[0]] = x.data
+        stack.extend(x.inputs)
+    return found
 
 
 def const(x: float | int | bool) -> BlockArray:
@@ -339,7 +369,7 @@ def capture(outputs: Sequence[BlockArray]) -> Graph:
 
 
 __all__ = [
-    "BlockArray", "absolute", "asarray", "capture", "const", "einsum", "erf", "exp", "expm1",
-    "from_zarr", "log", "log1p", "logaddexp", "matmul", "maximum", "mean", "minimum", "negative",
+    "BlockArray", "absolute", "asarray", "bound_values", "capture", "const", "einsum", "erf", "exp", "expm1",
+    "from_numpy", "from_zarr", "log", "log1p", "logaddexp", "matmul", "maximum", "mean", "minimum", "negative",
     "sigmoid", "sqrt", "square", "sum", "tanh", "tensordot", "transpose", "value", "where",
 ]

@@ -34,3 +34,20 @@ def test_a_partial_output_is_combined_once_when_the_kernel_is_cut_along_another_
     result = assemble_outputs(plan, LocalExecutor(StorageOptions()).run(plan.physical, {"w": w}))
     np.testing.assert_allclose(result[0], X @ w)
     assert np.isclose(result[1], (2 * X).sum(), rtol=1e-12)
+
+
+def test_from_numpy_arrays_are_bound_at_compute_and_keep_the_plan(tmp_path):
+    from arrayjob.runtime.session import Session
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((30, 4))
+    write_array(str(tmp_path / "X.zarr"), X, (10, 4))
+    x = la.from_zarr(open_array_info("X", parse_uri(str(tmp_path / "X.zarr")), StorageOptions()))
+    session = Session(LocalExecutor(StorageOptions()))
+    plans = []
+    for _ in range(2):
+        w = rng.standard_normal(4)
+        program = {"z": x @ la.from_numpy(w, name="w")}
+        np.testing.assert_allclose(session.compute(program)["z"], X @ w)
+        plans.append(session.plan(program))
+    assert plans[0] is plans[1]  # new contents, same name: the same plan

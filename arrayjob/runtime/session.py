@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from arrayjob.lazy import BlockArray, cached, capture
+from arrayjob.lazy import BlockArray, bound_values, cached, capture
 from arrayjob.planner.lower import assemble_outputs
 from arrayjob.planner.plan import Plan, PlanOptions, cached_plan
 from arrayjob.runtime.executor import Executor
@@ -47,6 +47,7 @@ class Session:
         plan = self.plan(outputs)
         assert plan.physical is not None
         handle = f"persist-{next(_handles)}"
+        values = {**bound_values(list(outputs.values())), **(values or {})}
         self.executor.keep(plan.physical, self._bind(plan, values), handle)
         kept: dict[str, BlockArray] = {}
         position = 0
@@ -80,5 +81,6 @@ class Session:
         """Run the program that yields ``outputs``; returns them as NumPy arrays."""
         plan = self.plan(outputs)
         assert plan.physical is not None
+        values = {**bound_values(list(outputs.values())), **(values or {})}
         results = self.executor.run(plan.physical, self._bind(plan, values))
         return dict(zip(outputs, assemble_outputs(plan, results), strict=True))
