@@ -19,6 +19,10 @@ os.environ.update(
     RAY_AUTH_MODE="disabled",
 )
 os.environ.pop("AWS_PROFILE", None)
+
+from arrayjob.io.storage import quiet_async_teardown  # noqa: E402
+
+quiet_async_teardown()
 os.environ.pop("RAY_ADDRESS", None)
 
 

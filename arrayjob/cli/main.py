@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: one line per error, the exit code of its class, tracebacks only with --debug."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    if not debug:
+        from arrayjob.io.storage import quiet_async_teardown
+
+        quiet_async_teardown()
     try:
         cli.main(args=args, prog_name="arrayjob", standalone_mode=False)
     except click.ClickException as exc:
