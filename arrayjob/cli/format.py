@@ -9,8 +9,41 @@ from arrayjob.units import size
 __all__ = ["size", "summary"]
 
 
-def summary(outcome: Any) -> str:
-    """The few lines `arrayjob run` prints when it finishes."""
+FIGURES = (
+    ("wall_seconds", "wall time", lambda v: f"{v:.2f} s"),
+    ("storage.bytes_read", "storage read", size),
+    ("storage.get_requests", "GET requests", lambda v: f"{v:,}"),
+    ("storage.bytes_written", "storage written", size),
+    ("storage.put_requests", "PUT requests", lambda v: f"{v:,}"),
+    ("network.bytes_between_nodes", "between nodes", size),
+    ("memory.peak_bytes_per_node", "peak memory per node", lambda v: ", ".join(size(b) for b in v)),
+    ("tasks.count", "tasks", lambda v: f"{v:,}"),
+    ("nodes.node_seconds", "node-seconds", lambda v: f"{v:.1f}"),
+    ("dollars.total", "dollars", lambda v: f"${v:.4f}"),
+)
+
+
+def figures(report: dict[str, Any], *, table: bool) -> str:
+    """The report's figures beside the estimate: a table for a terminal, else one per line."""
+    from arrayjob.io.report import lookup
+
+    estimate = report.get("estimate") or {}
+    errors = report.get("estimate_error") or {}
+    rows = []
+    for key, label, fmt in FIGURES:
+        actual, predicted, error = lookup(report, key), lookup(estimate, key), errors.get(key)
+        rows.append((label, "" if actual is None else fmt(actual), "" if predicted is None else fmt(predicted),
+                     "" if error is None else f"{error:+.0%}", key))
+    if not table:
+        return "\n".join(f"{key}={a} (estimate {e}{', ' + err if err else ''})" for _, a, e, err, key in rows)
+    width = max(len(r[0]) for r in rows)
+    lines = [f"  {'':<{width}}  {'actual':>14}  {'estimate':>14}  {'error':>6}"]
+    lines += [f"  {label:<{width}}  {a:>14}  {e:>14}  {err:>6}" for label, a, e, err, _ in rows]
+    return "\n".join(lines)
+
+
+def summary(outcome: Any, *, table: bool = False) -> str:
+    """What `arrayjob run` prints when it finishes."""
     spec = outcome.spec
     if outcome.skipped:
         m = outcome.manifest
@@ -26,9 +59,7 @@ def summary(outcome: Any) -> str:
         f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
         f"{r['tasks']['count']:,} tasks on {r['cluster']['nodes']} node(s), {r['cluster']['cpus']} CPUs",
-        f"  between nodes {size(r['network']['bytes_between_nodes'])}; peak object store per node "
-        f"{', '.join(size(b) for b in r['memory']['peak_bytes_per_node'])}; "
-        f"cost ${r['dollars'].get('total', 0):.4f} (estimated ${r.get('estimate', {}).get('dollars', {}).get('total', 0):.4f})",
         f"  result: {spec.output}/result.zarr (run {outcome.manifest['run_id']}); report.json, report.html",
+        figures(r, table=table),
     ]
     return "\n".join(lines)

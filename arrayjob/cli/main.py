@@ -82,7 +82,7 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, as_json: bool, t
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
         click.echo(json.dumps(document, indent=2))
     else:
-        click.echo(summary(outcome))
+        click.echo(summary(outcome, table=sys.stdout.isatty()))
 
 
 @cli.command()

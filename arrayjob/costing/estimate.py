@@ -159,9 +159,9 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         write.bytes_written += nbytes
         chunks = math.ceil(shape[0] / chunk_rows) if shape and chunk_rows else 1
-        write.put_requests += chunks + 5  # chunks, the array's metadata and the group's again
+        write.put_requests += chunks + 4  # chunks, the array's metadata and the group's again
         write.get_requests += 2  # zarr checks that the array is new
-        write.bytes_written += 1300  # zarr.json of the array and of the group
+        write.bytes_written += 1150  # zarr.json of the array and of the group
     write.put_requests += 2  # the group's zarr.json (report.json and _SUCCESS are not counted)
     write.get_requests += 2
     write.bytes_written += 300
