@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 BUCKET ?= .arrayjob/bucket
 DEMO   := $(BUCKET)/demo/logreg
 
-.PHONY: demo test lint clean
+.PHONY: demo test bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@ $(VENV)/.installed
 
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	touch $@ $(VENV)/.installed
+
 $(DEMO)/X.zarr/zarr.json: | $(VENV)/.installed
 	$(BIN)/arrayjob datagen logreg $(DEMO) --rows 200000 --cols 32 --chunk-rows 25000 --seed 0
 
@@ -27,6 +31,14 @@ demo: $(VENV)/.installed $(DEMO)/X.zarr/zarr.json
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
+
+# arrayjob against its peers and the machine's limits (docs/benchmarks.md). The full size
+# takes about 20 minutes on 2 cores; `make bench BENCH_SIZE=quick` a few.
+BENCH_SIZE ?= full
+BENCH_ARGS ?=
+bench: $(VENV)/.installed-bench
+	$(BIN)/python benchmarks/bench.py --size $(BENCH_SIZE) --json .arrayjob/bench/bench-$(BENCH_SIZE).json \
+		--markdown .arrayjob/bench/bench-$(BENCH_SIZE).md $(BENCH_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

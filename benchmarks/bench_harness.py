@@ -1,0 +1,195 @@
+"""What every benchmark row is made of: timings (median after a warm-up), rows, targets, the table.
+
+A ``Row`` is one system on one workload: its load seconds (storage to memory) and its
+compute seconds (per evaluation, per iteration, per factorisation …, as ``unit`` says),
+both the median of ``repeat`` runs after a warm-up run. The table adds, per workload,
+the ratio to the best peer and to the limit measured in the same run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Timing:
+    """The median of the timed runs, and every run (warm-ups excluded)."""
+
+    median: float
+    runs: list[float]
+
+
+def repeat_timed(run_once: Callable[[], float], repeat: int, warmup: int = 1) -> Timing:
+    """``run_once`` returns the seconds it measured (so it may leave its setup untimed)."""
+    for _ in range(warmup):
+        run_once()
+    runs = []
+    for _ in range(repeat):
+        gc.collect()
+        runs.append(run_once())
+    return Timing(statistics.median(runs), runs)
+
+
+def stopwatch(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def timed(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> Timing:
+    return repeat_timed(lambda: stopwatch(fn), repeat, warmup)
+
+
+@contextmanager
+def dask_threads(workers: int = 2) -> Iterator[None]:
+    """dask at its best on this machine: the threaded scheduler, one thread per core, and one
+    BLAS thread per dask thread (dask's docs: oversubscribed BLAS threads slow it down)."""
+    import dask
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1), dask.config.set(scheduler="threads", num_workers=workers):
+        yield
+
+
+@dataclass
+class Row:
+    workload: str
+    size: str
+    system: str
+    unit: str  # what compute_s is the time of
+    load_s: float | None = None
+    compute_s: float | None = None
+    peer: bool = True  # counts for "best peer" (arrayjob's rows never do)
+    arrayjob: bool = False
+    limit_s: float | None = None  # the physical limit for compute_s, measured this run
+    note: str = ""
+    load_runs: list[float] = field(default_factory=list)
+    compute_runs: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    ratio_best_peer: float | None = None
+    ratio_limit: float | None = None
+    target: str = ""
+    target_met: bool | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _peer(rows: list[Row], system_prefix: str) -> Row | None:
+    return next((r for r in rows if r.system.startswith(system_prefix) and r.compute_s), None)
+
+
+def _best_peer(rows: list[Row]) -> float | None:
+    times = [r.compute_s for r in rows if r.peer and not r.arrayjob and r.compute_s]
+    return min(times) if times else None
+
+
+def _at_most(system: str, factor: float) -> Callable[[Row, list[Row]], bool | None]:
+    """arrayjob's time <= factor × that peer's."""
+    def test(aj: Row, rows: list[Row]) -> bool | None:
+        peer = _peer(rows, system)
+        return None if peer is None or aj.compute_s is None else aj.compute_s <= factor * peer.compute_s  # type: ignore[operator]
+    return test
+
+
+def _faster_than_best(factor: float) -> Callable[[Row, list[Row]], bool | None]:
+    def test(aj: Row, rows: list[Row]) -> bool | None:
+        best = _best_peer(rows)
+        return None if best is None or aj.compute_s is None else aj.compute_s * factor <= best
+    return test
+
+
+def _logreg_eval(aj: Row, rows: list[Row]) -> bool | None:
+    if aj.compute_s is None or aj.limit_s is None:
+        return None
+    return aj.compute_s <= 1.4 * aj.limit_s and bool(_faster_than_best(1.0)(aj, rows))
+
+
+# the issue's targets for arrayjob: workload -> (what, test(arrayjob's row, the workload's rows))
+TARGETS: dict[str, tuple[str, Callable[[Row, list[Row]], bool | None]]] = {
+    "logreg loss+grad": ("<= 1.4× one read of X, and faster than every peer", _logreg_eval),
+    "logreg L-BFGS": ("<= 0.5× NumPy+SciPy per iteration", _at_most("NumPy", 0.5)),
+    "TSQR": (">= 3× faster than the best peer", _faster_than_best(3.0)),
+    "KMeans": (">= 1.5× faster than scikit-learn", _at_most("scikit-learn", 1 / 1.5)),
+    "PageRank": ("faster than SciPy per iteration", _at_most("SciPy", 1.0)),
+    "MTTKRP": (">= 1.2× faster than the best peer", _faster_than_best(1.2)),
+    "S3 load": (">= 90% of raw parallel GET throughput",
+                lambda aj, rows: None if not aj.limit_s or not aj.compute_s else aj.limit_s / aj.compute_s >= 0.9),
+    "end-to-end demo job": ("< 15 s wall", lambda aj, rows: None if aj.compute_s is None else aj.compute_s < 15.0),
+}
+
+
+def finish(rows: list[Row]) -> list[Row]:
+    """Fill in ratios and targets, workload by workload."""
+    by_workload: dict[str, list[Row]] = {}
+    for r in rows:
+        by_workload.setdefault(r.workload, []).append(r)
+    for workload, group in by_workload.items():
+        best = _best_peer(group)
+        for r in group:
+            if r.compute_s and best:
+                r.ratio_best_peer = r.compute_s / best
+            if r.compute_s and r.limit_s:
+                r.ratio_limit = r.compute_s / r.limit_s
+            if r.arrayjob and workload in TARGETS:
+                r.target, test = TARGETS[workload]
+                r.target_met = test(r, group)
+    return rows
+
+
+def seconds(x: float | None) -> str:
+    if x is None:
+        return "—"
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def _ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}×"
+
+
+def markdown(rows: list[Row]) -> str:
+    """The table as Markdown, one line per row; the target only on arrayjob's rows."""
+    head = "| workload | size | system | load s | compute s | compute is | × best peer | × limit | limit s | target | note |"
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in rows:
+        target = ""
+        if r.arrayjob and r.target:
+            verdict = {True: "**met**", False: "**missed**", None: "n/a"}[r.target_met]
+            target = f"{verdict}: {r.target}"
+        system = f"**{r.system}**" if r.arrayjob else r.system
+        lines.append(f"| {r.workload} | {r.size} | {system} | {seconds(r.load_s)} | {seconds(r.compute_s)} | {r.unit} "
+                     f"| {_ratio(r.ratio_best_peer)} | {_ratio(r.ratio_limit)} | {seconds(r.limit_s)} | {target} "
+                     f"| {r.note} |")
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    import platform
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} cores, {memory:.0f} GiB, Python {platform.python_version()}; "
+            f"load average {os.getloadavg()[0]:.2f}")
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("arrayjob", "numpy", "scipy", "ray", "zarr", "dask", "dask-ml", "dask-glm", "scikit-learn",
+                 "tensorly", "networkx", "moto", "boto3", "numexpr"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out

@@ -1,0 +1,364 @@
+"""Profile arrayjob's side of one benchmark workload, for the misses in docs/benchmarks.md.
+
+    .venv/bin/python benchmarks/bench_profile.py run WORKLOAD [--size full] [--passes 20]
+    .venv/bin/py-spy record --subprocesses --format raw -o prof.txt -- \\
+        .venv/bin/python benchmarks/bench_profile.py run WORKLOAD
+    .venv/bin/python benchmarks/bench_profile.py summarize prof.txt [--top 25]
+
+``run`` loads the workload's data (as bench.py does) and then runs its per-iteration
+program ``--passes`` times, printing the driver's time split (cProfile: capture + plan,
+submit, waiting for results, assembling) and the workers' task seconds per kernel (Ray's
+timeline). ``summarize`` folds py-spy's raw samples per process and prints the functions
+with the most samples (self and inclusive), so driver overhead, kernel time and I/O are
+told apart. WORKLOAD is one of: logreg, kmeans, pagerank, mttkrp, s3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import cProfile
+import os
+import pstats
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                  RAY_USAGE_STATS_ENABLED="0")
+os.environ.pop("RAY_ADDRESS", None)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+
+
+def _program(ctx, workload: str):  # type: ignore[no-untyped-def]
+    """(program, values, storage) of one pass of ``workload``, as bench.py runs it."""
+    import arrayjob.lazy as la
+    from arrayjob.io.storage import StorageOptions
+    from arrayjob.jobs.kmeans import kmeans_program
+    from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
+    from arrayjob.jobs.tensor import MTTKRP, MTTKRPParams
+
+    s = ctx.size
+    if workload == "logreg":
+        job = LogisticRegression(LogRegParams(), {"X": ctx.info("logreg", "X"), "y": ctx.info("logreg", "y")})
+        rng = np.random.default_rng(1)
+        return job.program(ctx.workers), {"w": 0.1 * rng.standard_normal(s.cols), "b": 0.05}, None
+    if workload == "kmeans":
+        C = np.random.default_rng(2).standard_normal((s.k, s.cols))
+        step = kmeans_program(la.from_zarr(ctx.info("logreg", "X")), s.k, final=False)
+        return step, {"centroids": C, "centroid_sq": (C**2).sum(1), "cluster_ids": np.arange(s.k, dtype=float)}, None
+    if workload == "mttkrp":
+        import zarr
+
+        job = MTTKRP(MTTKRPParams(mode=0), {n: ctx.info("mttkrp", n) for n in "XBC"})
+        values = {n: zarr.open_array(str(ctx.data["mttkrp"] / f"{n}.zarr"), mode="r")[...] for n in "BC"}
+        return job.program(ctx.workers), values, None
+    if workload == "s3":
+        from bench_data import write_s3_array
+        from bench_io import BUCKET
+
+        from arrayjob.io.arrays import open_array_info
+        from arrayjob.io.storage import parse_uri
+
+        ctx.s3.create_bucket(BUCKET)
+        uri = write_s3_array(s, ctx.s3.endpoint, BUCKET)
+        storage = StorageOptions(endpoint_url=ctx.s3.endpoint)
+        return {"sum": la.from_zarr(open_array_info("A", parse_uri(uri), storage)).sum(axis=0)}, {}, storage
+    raise SystemExit(f"unknown workload {workload!r}")
+
+
+class _Enough(Exception):
+    """Ends a profiled job once py-spy has its samples."""
+
+
+def _pagerank(ctx, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
+    """The pagerank job as it runs; py-spy starts at the first iteration (the job's first
+    compute bound to a "rank" value) and the iterations outlast it."""
+    from arrayjob.jobs.base import JobContext
+    from arrayjob.jobs.pagerank import PageRank, PageRankParams
+    from arrayjob.runtime.metrics import RunMetrics
+
+    session, metrics = ctx.session(), RunMetrics()
+    iterations = args.passes if not args.spy else 10_000
+    job = PageRank(PageRankParams(n_nodes=ctx.size.pr_nodes, max_iter=iterations, tol=1e-300),
+                   {"edges": ctx.info("pagerank", "edges")})
+    compute, state = session.compute, {"spies": None, "start": 0.0, "n": 0, "t0": 0.0}
+
+    def watched(outputs, values=None):  # type: ignore[no-untyped-def]
+        if values and "rank" in values:
+            if not state["t0"]:
+                state["t0"] = time.time()
+            if state["spies"] is None and args.spy:
+                state["spies"] = _spy(args.spy, [os.getpid(), *_worker_pids()], args.spy_out)
+                time.sleep(1.0)
+                state["start"] = time.perf_counter()
+            elif state["spies"] is not None and time.perf_counter() - state["start"] > args.spy + 1:
+                raise _Enough
+            state["n"] += 1
+        return compute(outputs, values)
+
+    session.compute = watched  # type: ignore[method-assign]
+    with contextlib.suppress(_Enough):
+        job.run(JobContext(session, metrics))
+    fit = next(st.wall_seconds for st in metrics.stages if st.name == "fit")
+    print(f"load {next(st.wall_seconds for st in metrics.stages if st.name == 'load'):.3f} s; "
+          f"{state['n']} iterations, {fit / max(1, state['n']):.4f} s each (fit stage)")
+    import ray
+
+    _task_seconds(ray.timeline(), fit / max(1, state["n"]), state["n"], (state["t0"], time.time()))
+    for p in state["spies"] or []:
+        p.wait()
+    if args.spy:
+        print(f"py-spy: {args.spy_out}.<pid> (driver {os.getpid()}); fold with `summarize`")
+
+
+def run(args: argparse.Namespace) -> None:
+    import ray
+    from bench_context import Context
+    from bench_data import SIZES, prepare
+    from bench_limits import Limits, LoopbackS3
+
+    from arrayjob.runtime.cluster import ray_cluster
+    from arrayjob.spec import ClusterOptions
+
+    size = SIZES[args.size]
+    data = prepare(size, Path(args.workdir))
+    s3 = LoopbackS3() if args.workload == "s3" else None
+    with ray_cluster(ClusterOptions(address="local", num_cpus=os.cpu_count() or 2)) as cluster:
+        ctx = Context(size, 1, Limits(1.0, 1.0), cluster, data, s3)
+        if args.workload == "pagerank":
+            return _pagerank(ctx, args)
+        program, values, storage = _program(ctx, args.workload)
+        session = ctx.session(storage)
+        start = time.perf_counter()
+        session.load(program)
+        print(f"load {time.perf_counter() - start:.3f} s")
+        if args.workload == "s3":
+            spies = _spy(args.spy, [os.getpid(), *_worker_pids()], args.spy_out) if args.spy else []
+            time.sleep(1.0 if spies else 0.0)
+            deadline = time.perf_counter() + args.spy
+            for i in range(10_000):
+                if (spies and time.perf_counter() > deadline) or (not spies and i >= args.passes):
+                    break
+                session = ctx.session(storage)
+                start = time.perf_counter()
+                session.load(program)
+                print(f"load {time.perf_counter() - start:.3f} s")
+            for p in spies:
+                p.wait()
+            return None
+        session.compute(program, values)  # warm-up: plans, starts workers, compiles kernels
+        if args.spy:
+            spies = _spy(args.spy, [os.getpid(), *_worker_pids()], args.spy_out)
+            time.sleep(1.0)  # py-spy attaches
+            deadline = time.perf_counter() + args.spy
+            while time.perf_counter() < deadline:
+                session.compute(program, values)
+            for p in spies:
+                p.wait()
+            print(f"py-spy: {args.spy_out}.<pid> (driver {os.getpid()}); fold with `summarize`")
+        profile = cProfile.Profile()
+        start, started = time.perf_counter(), time.time()
+        profile.enable()
+        for _ in range(args.passes):
+            session.compute(program, values)
+        profile.disable()
+        wall = (time.perf_counter() - start) / args.passes
+        print(f"{args.passes} passes: {wall:.4f} s per pass (driver wall)")
+        _driver_split(profile, args.passes)
+        _task_seconds(ray.timeline(), wall, args.passes, (started, time.time()))
+    if s3 is not None:
+        s3.stop()
+    return None
+
+
+def kernel(args: argparse.Namespace) -> None:
+    """The first block task of the workload's plan, run in this process on 1 thread (as on a
+    Ray worker) on its real block, beside NumPy primitives over the same bytes."""
+    from bench_context import Context
+    from bench_data import SIZES, prepare
+    from bench_harness import timed
+    from bench_limits import Limits
+    from threadpoolctl import threadpool_limits
+
+    from arrayjob.io.storage import StorageOptions
+    from arrayjob.planner.physical import DriverValue, SourceBlock, TaskResult
+    from arrayjob.planner.plan import ClusterShape, PlanOptions
+    from arrayjob.runtime.cluster import ClusterInfo
+    from arrayjob.runtime.executor import LocalExecutor, load_and_check
+    from arrayjob.runtime.session import Session
+
+    size = SIZES[args.size]
+    ctx = Context(size, 1, Limits(1.0, 1.0), ClusterInfo("", ("n0",), 2, False), prepare(size, Path(args.workdir)))
+    program, values, _ = _program(ctx, args.workload)
+    session = Session(LocalExecutor(StorageOptions()), PlanOptions(cluster=ClusterShape(nodes=1, workers_per_node=2)))
+    plan = session.plan(program)
+    physical = plan.physical
+    bound = session._bind(plan, values)
+    task = next(t for t in physical.tasks if any(isinstance(a, SourceBlock) for a in t.args)
+                and not any(isinstance(a, TaskResult) for a in t.args))
+    block_args = []
+    for a in task.args:
+        if isinstance(a, SourceBlock):
+            block_args.append(load_and_check(physical.source(a.array), a.index, StorageOptions())[0])
+        elif isinstance(a, DriverValue):
+            block_args.append(bound[a.name])
+        else:
+            raise SystemExit(f"task {task.id} has an argument this command cannot make: {a}")
+    big = max((b for b in block_args if isinstance(b, np.ndarray)), key=lambda b: b.nbytes)
+    print(f"task {task.id} ({task.kernel.name}); {len(physical.tasks)} tasks in the plan; its largest block "
+          f"{big.shape} = {big.nbytes / 2**20:.1f} MiB")
+    with threadpool_limits(1):
+        t = timed(lambda: task.kernel.fn(*block_args), 5)
+        rates = {"kernel": t.median, "one pass (sum)": timed(lambda: big.sum(), 5).median}
+        if big.ndim == 2:
+            v, u = np.ones(big.shape[1]), np.ones(big.shape[0])
+            rates["X @ v (gemv)"] = timed(lambda: big @ v, 5).median
+            rates["X.T @ u (gemv, transposed)"] = timed(lambda: big.T @ u, 5).median
+        if big.ndim == 3 and "B" in values:
+            B, C = values["B"], values["C"]
+            rates["einsum(optimize=True) on the block"] = timed(
+                lambda: np.einsum("ijk,jf,kf->if", big, B, C, optimize=True), 5).median
+            kr = (B[:, None, :] * C[None, :, :]).reshape(-1, B.shape[1])
+            rates["unfolded block @ khatri-rao (one GEMM)"] = timed(
+                lambda: big.reshape(big.shape[0], -1) @ kr, 5).median
+    for name, sec in rates.items():
+        print(f"  {name:40s} {sec * 1e3:8.2f} ms  {big.nbytes / sec / 1e9:6.2f} GB/s of the block")
+
+
+def _spy(seconds: float, pids: list[int], out: str) -> list[subprocess.Popen]:
+    spy = str(Path(sys.executable).parent / "py-spy")
+    return [subprocess.Popen([spy, "record", "--nonblocking", "--format", "raw", "-r", "200", "-d", str(int(seconds)),
+                              "-p", str(pid), "-o", f"{out}.{pid}"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL) for pid in pids]
+
+
+def _worker_pids() -> list[int]:
+    import psutil
+
+    agents = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+    # a Ray worker renames itself "ray::IDLE" or "ray::<task>"
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if p.cmdline() and p.cmdline()[0].startswith("ray::") and p.cmdline()[0] not in agents]
+
+
+# driver functions whose cumulative time is reported, by what they stand for
+DRIVER_PARTS = {
+    "capture the graph": ("lazy.py", "capture"),
+    "plan (cache lookup)": ("plan.py", "cached_plan"),
+    "bind driver values": ("session.py", "_bind"),
+    "ray.put of driver values": ("worker.py", "put"),
+    "submit tasks": ("ray_executor.py", "_submit"),
+    "wait for results (ray.get)": ("worker.py", "get"),
+    "measure (replay the plan)": ("ray_executor.py", "_measure"),
+    "assemble outputs": ("lower.py", "assemble_outputs"),
+}
+
+
+def _driver_split(profile: cProfile.Profile, passes: int) -> None:
+    stats = pstats.Stats(profile)
+    total = stats.total_tt / passes  # type: ignore[attr-defined]
+    print(f"driver, per pass (cProfile, {total:.4f} s profiled):")
+    for label, (file, fn) in DRIVER_PARTS.items():
+        cum = sum(v[3] for (f, _, name), v in stats.stats.items()  # type: ignore[attr-defined]
+                  if f.endswith(file) and name == fn)
+        print(f"  {label:32s} {cum / passes:8.4f} s")
+
+
+def _task_seconds(events: list[dict], wall: float, passes: int, window: tuple[float, float]) -> None:
+    """Worker seconds per pass in the profiled window (Ray's timeline): per task function, and
+    per phase of a task (deserialising arguments, executing, storing outputs)."""
+    per: dict[str, list[float]] = collections.defaultdict(list)
+    lo, hi = window[0] * 1e6, window[1] * 1e6
+    for e in events:
+        if e.get("ph") != "X" or not lo <= e.get("ts", 0) <= hi:
+            continue
+        cat = str(e.get("cat", ""))
+        if cat.startswith("task::"):
+            per[f"task {e.get('name')}"].append(e["dur"] / 1e6)
+        elif cat.startswith("task:"):
+            per[f"  phase {cat}"].append(e["dur"] / 1e6)
+    print(f"worker seconds per pass (Ray timeline; pass wall {wall:.4f} s × 2 workers = {2 * wall:.4f} s):")
+    for name, durs in sorted(per.items()):
+        print(f"  {name:50s} {len(durs) / passes:6.1f} tasks, {sum(durs) / passes:8.4f} s, "
+              f"median {np.median(durs) * 1e3:8.2f} ms")
+
+
+def _process_kind(frames: list[str], default: str) -> str:
+    """The innermost process of a py-spy stack, by kind: the driver, a Ray worker, other."""
+    procs = [f for f in frames if f.startswith("process ")]
+    if not procs:
+        return default
+    cmd = procs[-1]
+    if "default_worker.py" in cmd:
+        return "Ray workers"
+    if "bench_profile.py" in cmd or "bench.py" in cmd:
+        return "driver"
+    return re.sub(r'process \d+:"(\S*/)?(\S{0,40}).*', r"\2", cmd)
+
+
+def summarize(args: argparse.Namespace) -> None:
+    """Fold py-spy raw output ('frame;frame;... count' lines) by kind of process. Files named
+    ``<out>.<pid>`` (``run --spy``) are the driver's when pid is ``--driver-pid``, else a worker's."""
+    self_counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    inclusive: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    totals: collections.Counter[str] = collections.Counter()
+    for file in args.file:
+        suffix = file.rsplit(".", 1)[-1]
+        default = "Ray workers" if suffix.isdigit() and suffix != str(args.driver_pid) else "driver"
+        for line in Path(file).read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            frames = stack.split(";")
+            kind = _process_kind(frames, default)
+            code = [re.sub(r" \((.*/)?([^/]*?)(:\d+)?\)$", r" (\2)", f) for f in frames if not f.startswith("process ")]
+            if not code:
+                continue
+            n = int(count)
+            totals[kind] += n
+            self_counts[kind][code[-1]] += n
+            for f in set(code):
+                inclusive[kind][f] += n
+    for kind, n in totals.most_common(args.processes):
+        print(f"\n== {kind}: {n} samples")
+        print("  self:")
+        for fn, c in self_counts[kind].most_common(args.top):
+            print(f"    {100 * c / n:5.1f}%  {fn}")
+        print("  inclusive:")
+        for fn, c in inclusive[kind].most_common(args.top):
+            print(f"    {100 * c / n:5.1f}%  {fn}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("workload", choices=["logreg", "kmeans", "pagerank", "mttkrp", "s3"])
+    r.add_argument("--size", default="full")
+    r.add_argument("--passes", type=int, default=20)
+    r.add_argument("--workdir", default=str(HERE.parent / ".arrayjob" / "bench"))
+    r.add_argument("--spy", type=float, default=0.0, help="also py-spy the driver and workers for this many s")
+    r.add_argument("--spy-out", default="/tmp/bench-spy")
+    k = sub.add_parser("kernel")
+    k.add_argument("workload", choices=["logreg", "kmeans", "mttkrp"])
+    k.add_argument("--size", default="full")
+    k.add_argument("--workdir", default=str(HERE.parent / ".arrayjob" / "bench"))
+    s = sub.add_parser("summarize")
+    s.add_argument("file", nargs="+")
+    s.add_argument("--top", type=int, default=25)
+    s.add_argument("--processes", type=int, default=4)
+    s.add_argument("--driver-pid", type=int, default=-1)
+    args = parser.parse_args()
+    {"run": run, "kernel": kernel, "summarize": summarize}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
