@@ -10,7 +10,8 @@ program ``--passes`` times, printing the driver's time split (cProfile: capture 
 submit, waiting for results, assembling) and the workers' task seconds per kernel (Ray's
 timeline). ``summarize`` folds py-spy's raw samples per process and prints the functions
 with the most samples (self and inclusive), so driver overhead, kernel time and I/O are
-told apart. WORKLOAD is one of: logreg, kmeans, pagerank, mttkrp, s3.
+told apart. WORKLOAD is one of: logreg, kmeans, pagerank, mttkrp, s3 (run), or logreg, kmeans, mttkrp, tsqr
+(kernel).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def _program(ctx, workload: str):  # type: ignore[no-untyped-def]
         C = np.random.default_rng(2).standard_normal((s.k, s.cols))
         step = kmeans_program(la.from_zarr(ctx.info("logreg", "X")), s.k, final=False)
         return step, {"centroids": C, "centroid_sq": (C**2).sum(1), "cluster_ids": np.arange(s.k, dtype=float)}, None
+    if workload == "tsqr":
+        from arrayjob.jobs.tsqr import TSQR, TSQRParams
+
+        return TSQR(TSQRParams(), {"A": ctx.info("logreg", "X")}).program(ctx.workers), {}, None
     if workload == "mttkrp":
         import zarr
 
@@ -222,6 +227,9 @@ def kernel(args: argparse.Namespace) -> None:
             v, u = np.ones(big.shape[1]), np.ones(big.shape[0])
             rates["X @ v (gemv)"] = timed(lambda: big @ v, 5).median
             rates["X.T @ u (gemv, transposed)"] = timed(lambda: big.T @ u, 5).median
+        if args.workload == "tsqr":
+            rates["numpy.linalg.qr of the block (1 thread)"] = timed(lambda: np.linalg.qr(big), 5).median
+            rates["R only (numpy.linalg.qr mode='r')"] = timed(lambda: np.linalg.qr(big, mode="r"), 5).median
         if big.ndim == 3 and "B" in values:
             B, C = values["B"], values["C"]
             rates["einsum(optimize=True) on the block"] = timed(
@@ -348,7 +356,7 @@ def main() -> None:
     r.add_argument("--spy", type=float, default=0.0, help="also py-spy the driver and workers for this many s")
     r.add_argument("--spy-out", default="/tmp/bench-spy")
     k = sub.add_parser("kernel")
-    k.add_argument("workload", choices=["logreg", "kmeans", "mttkrp"])
+    k.add_argument("workload", choices=["logreg", "kmeans", "mttkrp", "tsqr"])
     k.add_argument("--size", default="full")
     k.add_argument("--workdir", default=str(HERE.parent / ".arrayjob" / "bench"))
     s = sub.add_parser("summarize")
