@@ -24,6 +24,17 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}P"
 
 
+def _frame(title: str, top: float, width: int, height: int, left: int, bottom: int) -> list[str]:
+    """An SVG's opening, title and five labelled grid lines from 0 to ``top``."""
+    parts = [f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
+             f'<text x="{left}" y="16" font-weight="bold">{_esc(title)}</text>']
+    for k in range(5):
+        y = height - bottom - (height - bottom - 30) * k / 4
+        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="10">{_fmt(top * k / 4)}</text>')
+    return parts
+
+
 def bars(title: str, groups: list[str], series: dict[str, list[float]], unit: str) -> str:
     """Grouped bar chart as SVG."""
     width, height, left, bottom = 640, 260, 60, 40
@@ -31,12 +42,7 @@ def bars(title: str, groups: list[str], series: dict[str, list[float]], unit: st
     n_series = max(1, len(series))
     slot = (width - left - 20) / max(1, len(groups))
     bar = slot * 0.8 / n_series
-    parts = [f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
-             f'<text x="{left}" y="16" font-weight="bold">{_esc(title)}</text>']
-    for k in range(5):
-        y = height - bottom - (height - bottom - 30) * k / 4
-        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="10">{_fmt(top * k / 4)}</text>')
+    parts = _frame(title, top, width, height, left, bottom)
     for g, name in enumerate(groups):
         x0 = left + g * slot + slot * 0.1
         for s, (label, values) in enumerate(series.items()):
@@ -62,12 +68,7 @@ def lines(title: str, xs: list[float], series: dict[str, list[float]], unit: str
         return f"<p><em>{_esc(title)}: no samples.</em></p>"
     x_max = max(xs[-1], 1e-9)
     top = max([v for vs in series.values() for v in vs] + [1e-12])
-    parts = [f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
-             f'<text x="{left}" y="16" font-weight="bold">{_esc(title)}</text>']
-    for k in range(5):
-        y = height - bottom - (height - bottom - 30) * k / 4
-        parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="10">{_fmt(top * k / 4)}</text>')
+    parts = _frame(title, top, width, height, left, bottom)
     for s, (label, values) in enumerate(series.items()):
         points = " ".join(
             f"{left + (width - left - 20) * x / x_max:.1f},{height - bottom - (height - bottom - 30) * v / top:.1f}"
