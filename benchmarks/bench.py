@@ -40,8 +40,23 @@ sys.path.insert(0, str(HERE))
 
 from bench_data import SIZES, prepare  # noqa: E402
 from bench_harness import Row, finish, machine_line, markdown, versions  # noqa: E402
+from bench_logreg import TUNING  # noqa: E402
 
 WORKLOADS = ("logreg", "tsqr", "kmeans", "pagerank", "mttkrp", "s3", "e2e")
+
+
+def commit() -> str:
+    """The commit measured, with "+changes" when the work tree differs from it."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
 
 
 def log(message: str) -> None:
@@ -56,8 +71,10 @@ def main() -> int:
     parser.add_argument("--json", dest="json_path", help="write the table, limits and versions as JSON here")
     parser.add_argument("--markdown", dest="markdown_path", help="write the Markdown table here too")
     parser.add_argument("--workdir", default=str(REPO / ".arrayjob" / "bench"), help="generated data (kept)")
-    parser.add_argument("--dask-chunk-mib", type=int, default=128, help="dask chunk size (whole Zarr chunks)")
-    parser.add_argument("--ray-block-mib", type=int, default=64, help="the hand-written Ray peer's block size")
+    parser.add_argument("--dask-chunk-mib", type=int, default=TUNING["dask_chunk_mib"],
+                        help="dask chunk size (whole Zarr chunks)")
+    parser.add_argument("--ray-block-mib", type=int, default=TUNING["ray_block_mib"],
+                        help="the hand-written Ray peer's block size")
     args = parser.parse_args()
     only = [w.strip() for w in args.only.split(",") if w.strip()]
     unknown = sorted(set(only) - set(WORKLOADS))
@@ -70,9 +87,7 @@ def main() -> int:
     log(f"size {size.name}: " + "; ".join(f"{k} {v}" for k, v in size.describe().items()))
     log(machine_line())
 
-    import bench_matrix
-
-    bench_matrix.TUNING.update(dask_chunk_mib=args.dask_chunk_mib, ray_block_mib=args.ray_block_mib)
+    TUNING.update(dask_chunk_mib=args.dask_chunk_mib, ray_block_mib=args.ray_block_mib)
     log("preparing data (generated once, then reused)")
     data = prepare(size, Path(args.workdir))
     rows: list[Row] = []
@@ -85,11 +100,11 @@ def main() -> int:
     limits, s3_endpoint = run_in_ray(size, data, only, args.repeat, rows)
     rows = finish(rows)
     table = markdown(rows)
-    print(f"\n## {size.name} size — {time.strftime('%Y-%m-%d %H:%M')}\n\n{machine_line()}\n")
+    print(f"\n## {size.name} size — {time.strftime('%Y-%m-%d %H:%M')}, commit {commit()}\n\n{machine_line()}\n")
     print(f"Limits: {limits['notes']}\n")
     print(table)
     print(f"\n{time.perf_counter() - started:.0f} s in all; load average at the end {os.getloadavg()[0]:.2f}")
-    doc = {"size": size.name, "sizes": size.describe(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    doc = {"size": size.name, "sizes": size.describe(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit(),
            "machine": machine_line(), "versions": versions(), "limits": limits, "repeat": args.repeat,
            "tuning": {"dask_chunk_mib": args.dask_chunk_mib, "ray_block_mib": args.ray_block_mib},
            "s3_endpoint": s3_endpoint, "seconds": time.perf_counter() - started,
@@ -123,9 +138,11 @@ def run_in_ray(size, data, only, repeat, rows):  # type: ignore[no-untyped-def]
             log(f"{bw_note}; {gemm_note}")
             import bench_graph_tensor
             import bench_io
+            import bench_logreg
             import bench_matrix
 
-            workloads = {**bench_matrix.WORKLOADS, **bench_graph_tensor.WORKLOADS, "s3": bench_io.s3_load}
+            workloads = {"logreg": bench_logreg.logreg, **bench_matrix.WORKLOADS, **bench_graph_tensor.WORKLOADS,
+                         "s3": bench_io.s3_load}
             for name in only:
                 if name not in workloads:
                     continue

@@ -3,6 +3,7 @@ arrayjob sessions on it (planner defaults: greedy tiling, cost fusion, LSHS plac
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,27 +36,29 @@ class Context:
     def workers(self) -> int:
         return self.cluster.cpus
 
-    def options(self) -> PlanOptions:
-        return PlanOptions(tiling="greedy", fusion="cost", placement="lshs", cluster=cluster_shape(self.cluster))
+    def options(self, block_bytes: int | None = None) -> PlanOptions:
+        """The planner defaults; ``block_bytes`` overrides the tiling's block target (64 MiB)."""
+        options = PlanOptions(tiling="greedy", fusion="cost", placement="lshs", cluster=cluster_shape(self.cluster))
+        return options if block_bytes is None else dataclasses.replace(options, target_block_bytes=block_bytes)
 
-    def session(self, storage: StorageOptions | None = None) -> Session:
+    def session(self, storage: StorageOptions | None = None, block_bytes: int | None = None) -> Session:
         from arrayjob.runtime.ray_executor import RayExecutor
 
         executor = RayExecutor(storage or StorageOptions(), self.cluster.node_ids, RunMetrics())
-        return Session(executor, self.options())
+        return Session(executor, self.options(block_bytes))
 
     def info(self, dataset: str, array: str, storage: StorageOptions | None = None) -> ArrayInfo:
         return open_array_info(array, parse_uri(str(self.data[dataset] / f"{array}.zarr")), storage or StorageOptions())
 
     def loaded_session(self, program: dict[str, BlockArray], storage: StorageOptions | None = None,
-                       ) -> tuple[Timing, Session]:
+                       block_bytes: int | None = None) -> tuple[Timing, Session]:
         """arrayjob's load (storage to worker memory): a fresh session per run, so every run reads
         every block; returns the median and the last session, loaded, for the computes."""
         last: list[Session] = []
 
         def once() -> float:
             last.clear()  # drops the previous session's blocks before the next read
-            session = self.session(storage)
+            session = self.session(storage, block_bytes)
             seconds = stopwatch(lambda: session.load(program))
             last.append(session)
             return seconds

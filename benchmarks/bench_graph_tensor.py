@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from bench_context import Context, rows_per_block
 from bench_harness import Row, dask_threads, repeat_timed, stopwatch, timed
-from bench_matrix import TUNING
+from bench_logreg import TUNING
 
 from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.pagerank import PageRank, PageRankParams
