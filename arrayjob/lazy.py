@@ -15,9 +15,10 @@ Nothing touches data until ``compute``. Small results come back to the driver as
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from arrayjob.io.arrays import ArrayInfo
 from arrayjob.io.storage import StorageOptions
 from arrayjob.planner.ir import ELEMENTWISE, REDUCTIONS, Graph, Node, infer_shape
-from arrayjob.planner.physical import Kernel
+from arrayjob.planner.physical import Kernel, Work
 
 
 class BlockArray:
@@ -166,10 +167,14 @@ def asarray(x: Any) -> BlockArray:
 def _result_dtype(fn: str, inputs: Sequence[BlockArray]) -> str:
     if fn in ("greater", "less", "greater_equal", "less_equal", "equal", "not_equal"):
         return "bool"
-    arrays = [np.empty((), dtype=a.dtype) for a in inputs if a.op != "const"] or [np.empty((), "float64")]
-    dtype = np.result_type(*arrays)
+    # NumPy's rules: a Python scalar takes part by kind only (bool * 1.0 is float64,
+    # float32 * 2.0 stays float32)
+    operands = [a.attrs[0] if a.op == "const" else np.empty((), dtype=a.dtype) for a in inputs]
     if fn == "where":
-        dtype = np.result_type(*arrays[1:]) if len(arrays) > 1 else dtype
+        operands = operands[1:]
+    if all(a.op == "const" for a in inputs):
+        operands.append(np.empty((), "float64"))
+    dtype = np.result_type(*operands)
     if dtype.kind in "biu" and fn not in ("add", "subtract", "multiply", "maximum", "minimum", "negative",
                                          "abs", "square", "where"):
         dtype = np.dtype("float64")
@@ -306,7 +311,8 @@ def tensordot(a: BlockArray, b: BlockArray, axes: int | tuple[Sequence[int], Seq
 
 
 def map_blocks(kernel: Kernel, *arrays: BlockArray, outputs: Sequence[tuple[tuple[int, ...], str, int | None]],
-               block_rows: Sequence[int | None] | None = None) -> tuple[BlockArray, ...]:
+               block_rows: Sequence[int | None] | None = None,
+               cost: Callable[[Sequence[tuple[int, ...]]], Work] | None = None) -> tuple[BlockArray, ...]:
     """Apply ``kernel.fn`` to matching row blocks of ``arrays``; one lazy array per output.
 
     Input ``j`` is cut into row blocks of ``block_rows[j]`` rows (all inputs into the same
@@ -314,7 +320,14 @@ def map_blocks(kernel: Kernel, *arrays: BlockArray, outputs: Sequence[tuple[tupl
     result as (shape, dtype, rows per block — None for a whole, single-block result). The
     function returns a tuple when there are several outputs. Blocks are fixed by the job,
     so the planner never re-tiles these arrays (dask's ``map_blocks``, NumS's ``map``).
+
+    ``cost(shapes)`` declares what one call does, from the shapes of its arguments, as work
+    by kind (``planner.cost.WORK_KINDS``), e.g. ``lambda s: {"qr_flops": qr_flops(*s[0])}``
+    for a QR; the estimate prices each kind at its calibrated rate. Undeclared block
+    functions are counted as one elementwise operation per input element.
     """
+    if cost is not None:
+        kernel = dataclasses.replace(kernel, cost=cost)
     rows = tuple(block_rows) if block_rows is not None else None
     if rows is not None:
         counts = {-(-a.shape[0] // r) for a, r in zip(arrays, rows, strict=True) if r}

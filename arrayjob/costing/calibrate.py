@@ -1,8 +1,12 @@
 """``arrayjob calibrate``: measure the rates the time model uses, on this cluster and bucket.
 
-Compute rates are measured inside Ray tasks (one thread each, as the job's kernels run);
-storage rates from the driver against the bucket, with the same s3fs/local filesystem
-the jobs use; the objects written are removed afterwards.
+Compute rates are measured inside Ray tasks (one thread each, as the job's kernels run),
+one per kind of work the cost model counts (``planner.cost.WORK_KINDS``), each on the
+operation the kernels really run for it: numexpr expressions over a cache-sized row chunk
+(``blockprogram.CHUNK_BYTES``), ``kernels.evaluate`` for contractions, ``jobs.tsqr``'s
+LAPACK QR on its sub-blocks. The read rate is the block-load path itself (workers read a
+Zarr array of the bucket into the object store); write rate and request latency are
+measured from the driver. Everything written to the bucket is removed afterwards.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from arrayjob.io.storage import Location, StorageOptions, filesystem
 
 OBJECT_BYTES = 16 * 2**20
 OBJECTS = 8
+LOAD_BLOCKS = 32  # 512 MiB read by the workers
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
@@ -47,6 +52,102 @@ def flop_rate() -> float:
     return 2 * n**3 / _median_seconds(lambda: a @ b)
 
 
+def _per_second(work: float, fn: Callable[[], object], repeats: int = 3) -> float:
+    return work / _median_seconds(fn, repeats)
+
+
+def elementwise_rates() -> tuple[float, float]:
+    """(plain, transcendental) elements per second through one numexpr operation on a row
+    chunk that fits in cache, one thread — how a fused kernel's expressions run. The
+    transcendental rate is the mean time of exp and log1p."""
+    import numexpr
+
+    from arrayjob.planner.blockprogram import CHUNK_BYTES
+
+    a = np.random.default_rng(2).random(CHUNK_BYTES // 8)
+    b = np.random.default_rng(3).random(a.size)
+    out, names = np.empty_like(a), {"a": a, "b": b}
+    threads = numexpr.set_num_threads(1)
+
+    def run(expression: str) -> None:
+        for _ in range(20):
+            numexpr.evaluate(expression, local_dict=names, out=out)
+
+    try:
+        plain = _per_second(a.size * 20, lambda: run("a * b"))
+        seconds = [_median_seconds(lambda e=e: run(e)) for e in ("exp(a)", "log1p(a)")]
+    finally:
+        numexpr.set_num_threads(threads)
+    return plain, a.size * 20 / sum(seconds) * len(seconds)
+
+
+def contraction_rates(cols: int = 64) -> tuple[float, float]:
+    """(operand bytes/s of matrix × vector, flops/s of XᵀX) on row chunks of a 64 MiB block
+    with ``cols`` columns, through ``kernels.evaluate`` as a compiled kernel's loop runs them."""
+    from arrayjob.planner.blockprogram import CHUNK_BYTES
+    from arrayjob.planner.kernels import Step, evaluate
+
+    x = np.random.default_rng(4).standard_normal((8 * 2**20 // cols, cols))
+    w = np.ones(cols)
+    rows = CHUNK_BYTES // (8 * cols)
+    chunks = [x[s: s + rows] for s in range(0, x.shape[0], rows)]
+    gemv, gram = Step("einsum", ("ij,j->i",), (0, 1), "float64"), Step("einsum", ("ij,ik->jk",), (0, 0), "float64")
+    memory = _per_second(x.nbytes, lambda: [evaluate(gemv, [c, w]) for c in chunks])
+    flops = _per_second(2.0 * x.shape[0] * cols * cols, lambda: [evaluate(gram, [c, c]) for c in chunks])
+    return memory, flops
+
+
+def einsum_rate() -> float:
+    """Flops/s (2 × the product of the label sizes) of a three-operand contraction, MTTKRP's
+    ``ijk,jf,kf->if`` on a 16 MiB block of a tensor, as a kernel step runs it."""
+    from arrayjob.planner.kernels import Step, evaluate
+
+    rng = np.random.default_rng(5)
+    i, j, k, f = 8, 512, 512, 16
+    x, b, c = rng.standard_normal((i, j, k)), rng.standard_normal((j, f)), rng.standard_normal((k, f))
+    step = Step("einsum", ("ijk,jf,kf->if",), (0, 1, 2), "float64")
+    return _per_second(2.0 * i * j * k * f, lambda: evaluate(step, [x, b, c]))
+
+
+def qr_rate(cols: int = 64) -> float:
+    """Flops/s of LAPACK QR (Q formed) of TSQR's sub-blocks (``jobs.tsqr.SUB_ROWS`` rows)."""
+    from arrayjob.jobs.tsqr import SUB_ROWS, _qr
+    from arrayjob.planner.cost import qr_flops
+
+    a = np.random.default_rng(6).standard_normal((SUB_ROWS, cols))
+    return _per_second(8 * qr_flops(SUB_ROWS, cols), lambda: [_qr(a) for _ in range(8)])
+
+
+def load_rate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...]) -> float:
+    """Bytes per second the workers of all nodes together read a Zarr array of ``bucket``
+    into the object store, as a job's load stage does (one task per chunk-aligned block)."""
+    from arrayjob import lazy as la
+    from arrayjob.io.arrays import create_array, open_array_info
+    from arrayjob.planner.plan import ClusterShape, PlanOptions
+    from arrayjob.runtime.ray_executor import RayExecutor
+    from arrayjob.runtime.session import Session
+
+    location = bucket.join(f"_arrayjob_calibrate-load-{uuid.uuid4().hex[:8]}")
+    rows, cols = LOAD_BLOCKS * OBJECT_BYTES // (8 * 64), 64
+    try:
+        array = create_array(location, options, shape=(rows, cols), chunks=(rows // LOAD_BLOCKS, cols), dtype="float64")
+        block = np.random.default_rng(1).standard_normal((rows // LOAD_BLOCKS, cols))
+        for i in range(LOAD_BLOCKS):
+            array[i * block.shape[0]: (i + 1) * block.shape[0]] = block
+        info = open_array_info("calibrate", location, options)
+        seconds = []
+        for _ in range(3):
+            session = Session(RayExecutor(options, node_ids),
+                              PlanOptions(cluster=ClusterShape(nodes=max(1, len(node_ids)))))
+            start = time.perf_counter()
+            session.load({"s": la.from_zarr(info).sum()})
+            seconds.append(time.perf_counter() - start)
+            del session
+        return rows * cols * 8 / statistics.median(seconds)
+    finally:
+        filesystem(bucket.scheme, options).rm(location.path, recursive=True)
+
+
 def storage_rates(bucket: Location, options: StorageOptions) -> tuple[float, float, float]:
     """(read bytes/s, write bytes/s, seconds per small GET) against ``bucket``."""
     fs = filesystem(bucket.scheme, options)
@@ -72,14 +173,18 @@ def storage_rates(bucket: Location, options: StorageOptions) -> tuple[float, flo
         fs.rm(prefix.path, recursive=True)
 
 
-def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[float, float, float, float, float]:
-    """(memory bytes/s, flops/s, task overhead s, bytes/s between nodes, warm-up s) from Ray tasks."""
+def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], float, float, float]:
+    """(compute rates by profile field, task overhead s, bytes/s between nodes, warm-up s) from Ray tasks."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     @ray.remote
-    def rates() -> tuple[float, float]:
-        return memory_rate(), flop_rate()
+    def rates() -> dict[str, float]:
+        plain, transcendental = elementwise_rates()
+        gemv, gram = contraction_rates()
+        return {"memory_bytes_per_s": memory_rate(), "flops_per_s": flop_rate(), "elementwise_per_s": plain,
+                "transcendental_per_s": transcendental, "contraction_bytes_per_s": gemv,
+                "contraction_flops_per_s": gram, "einsum_flops_per_s": einsum_rate(), "qr_flops_per_s": qr_rate()}
 
     @ray.remote
     def hello() -> None:
@@ -88,7 +193,9 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[float, float, float
     start = time.perf_counter()
     ray.get([hello.remote() for _ in range(cpus)])  # cold: worker processes start
     warmup = time.perf_counter() - start
-    memory, flops = ray.get(rates.remote())
+    # every worker at once, as a job's kernels run: cores share memory bandwidth and caches
+    measured = ray.get([rates.remote() for _ in range(max(1, cpus // max(1, len(node_ids))))])
+    compute = {k: statistics.median(m[k] for m in measured) for k in measured[0]}
 
     @ray.remote
     def nothing() -> None:
@@ -100,7 +207,7 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[float, float, float
     ray.get([nothing.remote() for _ in range(n)])
     overhead = (time.perf_counter() - start) * cpus / n
 
-    network = memory
+    network = compute["memory_bytes_per_s"]
     if len(node_ids) > 1:
         @ray.remote
         def make() -> np.ndarray:
@@ -116,7 +223,7 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[float, float, float
         start = time.perf_counter()
         nbytes = ray.get(touch.options(**on[1]).remote(block))
         network = nbytes / (time.perf_counter() - start)
-    return memory, flops, overhead, network, warmup
+    return compute, overhead, network, warmup
 
 
 def run_overhead(node_ids: tuple[str, ...], options: StorageOptions) -> float:
@@ -136,11 +243,11 @@ def run_overhead(node_ids: tuple[str, ...], options: StorageOptions) -> float:
 def calibrate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...], cpus: int,
               startup: float, shutdown: float) -> MachineProfile:
     """Everything but Ray's start and stop times, which the caller measures around its cluster."""
-    read, write, latency = storage_rates(bucket, options)
-    memory, flops, overhead, network, warmup = ray_rates(node_ids, cpus)
+    _, write, latency = storage_rates(bucket, options)
+    compute, overhead, network, warmup = ray_rates(node_ids, cpus)
+    read = load_rate(bucket, options, node_ids) / max(1, len(node_ids))  # the profile's rates are per node
     return MachineProfile(
-        name=f"measured ({len(node_ids)} node(s), {cpus} CPUs)",
-        memory_bytes_per_s=memory, flops_per_s=flops, storage_read_bytes_per_s=read,
+        name=f"measured ({len(node_ids)} node(s), {cpus} CPUs)", **compute, storage_read_bytes_per_s=read,
         storage_write_bytes_per_s=write, request_seconds=latency, task_overhead_seconds=overhead,
         network_bytes_per_s=network, startup_seconds=startup, shutdown_seconds=shutdown, warmup_seconds=warmup,
         run_overhead_seconds=run_overhead(node_ids, options),

@@ -9,6 +9,7 @@ and requests at the price table's rates. Nothing here reads data.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,7 @@ class StageEstimate:
     bytes_between_nodes: int = 0
     bytes_touched: int = 0
     flops: float = 0.0
+    work: Counter[str] = field(default_factory=Counter)  # by kind (planner.cost.WORK_KINDS)
     tasks: int = 0
     peak_bytes_per_node: list[int] = field(default_factory=list)
     wall_seconds: float = 0.0
@@ -44,7 +46,8 @@ class StageEstimate:
             "storage.bytes_read": self.bytes_read, "storage.get_requests": self.get_requests,
             "storage.bytes_written": self.bytes_written, "storage.put_requests": self.put_requests,
             "network.bytes_between_nodes": self.bytes_between_nodes, "memory.bytes_touched": self.bytes_touched,
-            "flops": self.flops, "tasks.count": self.tasks,
+            "flops": self.flops, "work": {k: float(v) for k, v in sorted(self.work.items())},
+            "tasks.count": self.tasks,
         }
 
 
@@ -120,7 +123,9 @@ def _seconds(stage: StageEstimate, profile: MachineProfile, cluster: ClusterShap
                + stage.get_requests * profile.request_seconds / (STORAGE_CONCURRENCY * nodes)
                + stage.bytes_written / (profile.storage_write_bytes_per_s * nodes)
                + stage.put_requests * profile.request_seconds / (STORAGE_CONCURRENCY * nodes))
-    compute = (stage.bytes_touched / profile.memory_bytes_per_s + stage.flops / profile.flops_per_s) / workers
+    # each kind of work at its own calibrated rate (an exp is not an add, a QR is not a GEMM)
+    compute = (stage.bytes_touched / profile.memory_bytes_per_s
+               + sum(amount / profile.rate(kind) for kind, amount in stage.work.items())) / workers
     overhead = stage.tasks * profile.task_overhead_seconds / workers
     network = stage.bytes_between_nodes / (profile.network_bytes_per_s * max(1, nodes))
     return storage + compute + overhead + network
@@ -152,6 +157,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         fit.bytes_between_nodes += runs * cost.bytes_between_nodes
         fit.bytes_touched += runs * cost.bytes_touched
         fit.flops += runs * cost.flops
+        fit.work.update({kind: runs * amount for kind, amount in cost.work.items()})
         fit.tasks += runs * cost.tasks
         peaks.append(list(cost.peak_bytes_per_node))
     write = StageEstimate("write")

@@ -20,8 +20,8 @@ DEFAULT_PATH = Path(".arrayjob/profile.json")
 class MachineProfile:
     name: str
     memory_bytes_per_s: float  # one core streaming through memory
-    flops_per_s: float  # one core, float64 GEMM
-    storage_read_bytes_per_s: float  # parallel GETs from the bucket
+    flops_per_s: float  # one core, float64 GEMM (square); the rate of work kinds without their own
+    storage_read_bytes_per_s: float  # one node's workers reading blocks into the object store
     storage_write_bytes_per_s: float
     request_seconds: float  # latency of one small GET
     task_overhead_seconds: float  # Ray, per task
@@ -30,8 +30,20 @@ class MachineProfile:
     shutdown_seconds: float = 1.4  # stopping it
     warmup_seconds: float = 0.6  # the first tasks on a fresh cluster (worker processes start)
     run_overhead_seconds: float = 0.02  # the driver's part of one program run (submit, fetch, account)
+    # one core, by kind of work (planner.cost.WORK_KINDS); defaults measured on the shipped VM
+    elementwise_per_s: float = 1.2e9  # elements through one numexpr operation (a * b), in cache
+    transcendental_per_s: float = 1.0e8  # elements through exp / log1p
+    contraction_bytes_per_s: float = 8e9  # operand bytes of matrix × vector (BLAS gemv)
+    contraction_flops_per_s: float = 1.5e10  # tall-skinny products (XᵀX, 64 columns)
+    einsum_flops_per_s: float = 5e9  # three-operand contractions (MTTKRP's)
+    qr_flops_per_s: float = 5e9  # LAPACK QR with Q formed, 2048 × 64 blocks
     measured_at: str = ""
     bucket: str = ""
+
+    def rate(self, kind: str) -> float:
+        """The rate of a kind of work (``planner.cost.WORK_KINDS``): ``<kind>_per_s``, or the
+        field named for its unit (``contraction_bytes`` -> ``contraction_bytes_per_s``)."""
+        return float(getattr(self, f"{kind}_per_s", self.flops_per_s))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)

@@ -18,6 +18,8 @@ accuracy when |mean| ≫ spread.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,7 +28,7 @@ import scipy.linalg
 
 from arrayjob import lazy as la
 from arrayjob.jobs.base import Job, JobContext, JobResult, require_features_and_targets
-from arrayjob.jobs.tsqr import QR_OF_STACK, block_rows_for, r_of_block
+from arrayjob.jobs.tsqr import QR_OF_STACK, block_rows_for, qr_block_cost, r_of_block
 from arrayjob.planner.physical import Kernel
 
 
@@ -64,9 +66,9 @@ class LinearRegression(Job):
             blocks = -(-n // rows)
             kernel = AUGMENTED_R_WITH_ONES if self.params.fit_intercept else AUGMENTED_R
             (r_stack,) = la.map_blocks(kernel, X, y, outputs=[((blocks * cols, cols), "float64", cols)],
-                                       block_rows=[rows, rows])
+                                       block_rows=[rows, rows], cost=augmented_r_cost)
             _, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * cols, cols), "float64", None),
-                                                                 ((cols, cols), "float64", None)])
+                                                                 ((cols, cols), "float64", None)], cost=qr_block_cost)
             return {"R": r}
         if y.ndim == 2:
             y = y.sum(axis=1)
@@ -127,6 +129,15 @@ class LinearRegression(Job):
 def _augmented(X: np.ndarray, y: np.ndarray, ones: bool) -> np.ndarray:
     columns = [X, np.ones((X.shape[0], 1))] if ones else [X]
     return np.concatenate([*columns, y.reshape(-1, 1)], axis=1)
+
+
+def augmented_r_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    """Copying X, y (and ones) into one block, then ``qr_block`` of it (both kernels: the
+    column of ones is priced as if present)."""
+    rows, d = shapes[0][0], math.prod(shapes[0][1:])
+    work = qr_block_cost([(rows, d + 2)])
+    work["elementwise"] = work.get("elementwise", 0.0) + rows * (d + 2)
+    return work
 
 
 def augmented_r(X: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -8,7 +8,8 @@ driver. Within a task, LAPACK's QR runs on sub-blocks of ``SUB_ROWS`` rows (meas
 on 2 cores, QR of 64 columns streams 0.23 GB/s at 1–4k rows but 0.09 GB/s at 65k), so
 each block is itself a small TSQR.
 
-Cost: reads A once (8nd bytes), about 4nd² flops (twice that with forming Q), writes Q
+Cost: reads A once (8nd bytes), about 4nd² flops of LAPACK QR (R and the sub-blocks'
+Q; ``qr_block_cost``) and 2nd² of BLAS to form Q, writes Q
 (8nd bytes), moves B·d² floats for the stacked R and back. Memory per task: one block
 of A and its Q.
 """
@@ -16,6 +17,7 @@ of A and its Q.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +25,7 @@ import numpy as np
 from arrayjob import lazy as la
 from arrayjob.io.storage import StorageCounters
 from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
+from arrayjob.planner.cost import qr_flops
 from arrayjob.planner.physical import Kernel
 from arrayjob.planner.tiling import row_grid
 
@@ -52,6 +55,23 @@ def qr_block(a: np.ndarray, sub_rows: int = SUB_ROWS) -> tuple[np.ndarray, np.nd
     return q, r
 
 
+def qr_block_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    """The work of ``qr_block`` on an m × d block: QR of each sub-block and of their stacked
+    R factors (LAPACK), and Q_i · Q₂ᵢ for each sub-block (BLAS)."""
+    rows, d = shapes[0]
+    if rows <= 2 * SUB_ROWS:
+        return {"qr_flops": qr_flops(rows, d)}
+    full, rest = divmod(rows, SUB_ROWS)
+    pieces = full + (rest > 0)
+    return {"qr_flops": full * qr_flops(SUB_ROWS, d) + qr_flops(rest, d) + qr_flops(pieces * d, d),
+            "contraction_flops": 2.0 * rows * d * d}
+
+
+def times_block_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    (rows, d), (_, k) = shapes
+    return {"contraction_flops": 2.0 * rows * d * k}
+
+
 def r_of_block(a: np.ndarray) -> np.ndarray:
     return qr_block(a)[1]
 
@@ -75,18 +95,22 @@ def tsqr_program(A: la.BlockArray, block_rows: int, *, with_q: bool) -> tuple[la
     n, d = A.shape
     blocks = math.ceil(n / block_rows)
     if not with_q:
-        (r_stack,) = la.map_blocks(R_OF_BLOCK, A, outputs=[((blocks * d, d), "float64", d)], block_rows=[block_rows])
-        _, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * d, d), "float64", None), ((d, d), "float64", None)])
+        (r_stack,) = la.map_blocks(R_OF_BLOCK, A, outputs=[((blocks * d, d), "float64", d)], block_rows=[block_rows],
+                                   cost=qr_block_cost)
+        _, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * d, d), "float64", None), ((d, d), "float64", None)],
+                             cost=qr_block_cost)
         return None, r
     q1, r_stack = la.map_blocks(QR_BLOCK, A, outputs=[((n, d), "float64", block_rows), ((blocks * d, d), "float64", d)],
-                                block_rows=[block_rows])
-    q2, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * d, d), "float64", None), ((d, d), "float64", None)])
-    (q,) = la.map_blocks(TIMES_BLOCK, q1, q2, outputs=[((n, d), "float64", block_rows)], block_rows=[block_rows, d])
+                                block_rows=[block_rows], cost=qr_block_cost)
+    q2, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * d, d), "float64", None), ((d, d), "float64", None)],
+                          cost=qr_block_cost)
+    (q,) = la.map_blocks(TIMES_BLOCK, q1, q2, outputs=[((n, d), "float64", block_rows)], block_rows=[block_rows, d],
+                         cost=times_block_cost)
     return q, r
 
 
 def block_rows_for(job: Job, name: str, workers: int) -> int:
-    """Chunk-aligned row blocks: about two per worker, at most 64 MiB each."""
+    """Chunk-aligned row blocks: about two per worker, at most 256 MiB each."""
     return row_grid(job.arrays[name], workers=workers).block_shape[0]
 
 

@@ -27,16 +27,17 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from arrayjob.planner.kernels import BlockKernel
+from arrayjob.planner.kernels import BlockKernel, _pairwise
 from arrayjob.planner.physical import (
     Arg,
     CachedBlock,
     DriverValue,
+    Kernel,
     PhysicalPlan,
     SourceBlock,
     Task,
@@ -44,8 +45,6 @@ from arrayjob.planner.physical import (
 )
 from arrayjob.planner.plan import Plan
 from arrayjob.units import size
-
-TRANSCENDENTAL = {"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "logaddexp", "power", "sin", "cos"}
 
 
 class Trial(NamedTuple):
@@ -209,6 +208,7 @@ class PlanCost:
     network_in_per_node: tuple[int, ...] = ()
     network_out_per_node: tuple[int, ...] = ()
     tasks_per_node: tuple[int, ...] = ()
+    work: Mapping[str, float] = field(default_factory=dict)  # by kind, see WORK_KINDS
 
     @property
     def max_peak_bytes(self) -> int:
@@ -229,6 +229,7 @@ class PlanCost:
                         "bytes_out_per_node": list(self.network_out_per_node)},
             "memory": {"bytes_touched": self.bytes_touched, "peak_bytes_per_node": list(self.peak_bytes_per_node)},
             "flops": self.flops,
+            "work": dict(self.work),
             "tasks": {"count": self.tasks, "per_node": list(self.tasks_per_node)},
         }
 
@@ -264,33 +265,88 @@ class PlanCost:
         return self.table()
 
 
-def _kernel_flops(kernel: object, in_shapes: list[tuple[int, ...]]) -> int:
-    if not isinstance(kernel, BlockKernel):
-        return sum(math.prod(s) for s in in_shapes)  # combine / assemble: one op per element
+# -- work by kind ---------------------------------------------------------------------------
+#
+# Time is not one rate: on one core an exp costs about what 20 additions do, LAPACK's QR of
+# a narrow block runs far below the GEMM rate, and a matrix × vector product is bound by
+# memory, not flops. So the model counts each kernel's work by kind, from shapes alone, and
+# ``costing.estimate`` divides each kind by the rate ``arrayjob calibrate`` measured for it.
+
+WORK_KINDS = {
+    "elementwise": "elements through a plain elementwise operation or reduction",
+    "transcendental": "elements through exp, log, log1p, tanh, erf, ... (sigmoid one, logaddexp two)",
+    "contraction_bytes": "operand bytes of memory-bound two-operand contractions (matrix × vector)",
+    "contraction_flops": "flops of compute-bound two-operand contractions (BLAS, tall-skinny products)",
+    "einsum_flops": "flops (2 × the product of all label sizes) of contractions of three or more operands",
+    "qr_flops": "flops of LAPACK QR with Q formed (4mn² − 4n³/3 for an m × n block)",
+}
+TRANSCENDENTAL = {"exp": 1, "log": 1, "log1p": 1, "expm1": 1, "tanh": 1, "sigmoid": 1, "erf": 1,
+                  "logaddexp": 2, "power": 1, "sin": 1, "cos": 1}
+# Below this many flops per operand byte a two-operand contraction streams its operands
+# (matrix × vector, 0.25 flop/byte); above it BLAS is compute-bound (XᵀX with 64 columns: 16).
+MEMORY_BOUND_FLOPS_PER_BYTE = 1.0
+
+
+def qr_flops(m: int, n: int) -> float:
+    """Flops of a reduced Householder QR of an m × n block with Q formed (geqrf + orgqr)."""
+    k = min(m, n)
+    return max(0.0, 4.0 * m * n * k - 4.0 * k**3 / 3)
+
+
+def _einsum_work(subscripts: str, ins: list[tuple[int, ...]], work: Counter[str]) -> tuple[int, ...]:
+    terms, out = subscripts.split("->")
+    sizes: dict[str, int] = {}
+    for term, s in zip(terms.split(","), ins, strict=True):
+        sizes.update(zip(term, s, strict=True))
+    flops = 2 * math.prod(sizes.values())
+    if len(ins) == 1:
+        work["elementwise"] += math.prod(ins[0])
+    elif len(ins) == 2 and _pairwise(subscripts) is not None:  # tensordot: BLAS
+        operand_bytes = 8 * sum(math.prod(s) for s in ins)
+        if flops < MEMORY_BOUND_FLOPS_PER_BYTE * operand_bytes:
+            work["contraction_bytes"] += operand_bytes
+        else:
+            work["contraction_flops"] += flops
+    else:
+        work["einsum_flops"] += flops
+    return tuple(sizes[c] for c in out)
+
+
+def kernel_work(kernel: object, in_shapes: list[tuple[int, ...]]) -> Counter[str]:
+    """The work one call of ``kernel`` does on arguments of ``in_shapes``, by kind (``WORK_KINDS``)."""
+    work: Counter[str] = Counter()
+    if isinstance(kernel, Kernel):
+        if kernel.cost is not None:  # a job's block function that declared its cost
+            work.update({k: float(v) for k, v in kernel.cost(in_shapes).items()})
+            return work
+        kernel = kernel.fn
+    if not isinstance(kernel, BlockKernel):  # combine / assemble / undeclared: one op per element
+        work["elementwise"] += sum(math.prod(s) for s in in_shapes)
+        return work
     shapes: list[tuple[int, ...]] = list(in_shapes)
-    flops = 0
     for step in kernel.steps:
         ins = [shapes[i] for i in step.inputs]
         if step.op == "const":
             shape: tuple[int, ...] = ()
         elif step.op == "map":
             shape = tuple(np.broadcast_shapes(*ins))
-            flops += math.prod(shape) * (10 if step.attrs[0] in TRANSCENDENTAL else 1)
+            calls = TRANSCENDENTAL.get(step.attrs[0], 0)
+            work["transcendental" if calls else "elementwise"] += math.prod(shape) * max(1, calls)
         elif step.op == "reduce":
             _, axes, keepdims = step.attrs
-            flops += math.prod(ins[0])
+            work["elementwise"] += math.prod(ins[0])
             shape = tuple(1 if a in axes else s for a, s in enumerate(ins[0]) if keepdims or a not in axes)
         elif step.op == "einsum":
-            terms, out = step.attrs[0].split("->")
-            sizes: dict[str, int] = {}
-            for term, s in zip(terms.split(","), ins, strict=True):
-                sizes.update(zip(term, s, strict=True))
-            flops += 2 * math.prod(sizes.values())
-            shape = tuple(sizes[c] for c in out)
-        else:  # transpose
+            shape = _einsum_work(step.attrs[0], ins, work)
+        else:  # transpose: a view
             shape = tuple(ins[0][p] for p in step.attrs[0])
         shapes.append(shape)
-    return flops
+    return work
+
+
+def flops_of(work: Mapping[str, float]) -> float:
+    """Arithmetic operations in ``work`` (the table's FLOPs line): every kind but bytes."""
+    return sum(v for k, v in work.items() if k != "contraction_bytes")
 
 
 def physical_cost(physical: PhysicalPlan, nodes: int) -> PlanCost:
@@ -299,7 +355,8 @@ def physical_cost(physical: PhysicalPlan, nodes: int) -> PlanCost:
     load = ClusterLoad(physical, nodes)
     sources = {s.array.name: s for s in physical.sources}
     shape_of: dict[TaskResult, tuple[int, ...]] = {}
-    bytes_read = requests = flops = 0
+    bytes_read = requests = 0
+    work: Counter[str] = Counter()
     for i, task in enumerate(physical.tasks):
         node = (task.node if task.node is not None else i) % nodes
         in_shapes = []
@@ -318,13 +375,13 @@ def physical_cost(physical: PhysicalPlan, nodes: int) -> PlanCost:
                 in_shapes.append(arg.shape)
         for p in range(task.num_outputs):
             shape_of[TaskResult(task.id, p)] = task.out_shapes[p] if task.out_shapes else ()
-        flops += _kernel_flops(task.kernel.fn, in_shapes)
+        work.update(kernel_work(task.kernel, in_shapes))
         load.run(task, node)
     return PlanCost(
         bytes_read=bytes_read, get_requests=requests, bytes_written=0, bytes_between_nodes=load.moved,
-        bytes_touched=sum(load.work), peak_bytes_per_node=tuple(load.peak), flops=flops,
+        bytes_touched=sum(load.work), peak_bytes_per_node=tuple(load.peak), flops=int(flops_of(work)),
         tasks=len(physical.tasks), network_in_per_node=tuple(load.net_in),
-        network_out_per_node=tuple(load.net_out), tasks_per_node=tuple(load.tasks),
+        network_out_per_node=tuple(load.net_out), tasks_per_node=tuple(load.tasks), work=dict(work),
     )
 
 

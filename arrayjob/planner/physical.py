@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from arrayjob.io.arrays import ArrayInfo
@@ -41,12 +41,21 @@ class BlockGrid:
         return math.prod(self.grid_shape)
 
 
+Work = Mapping[str, float]  # work by kind (``planner.cost.WORK_KINDS``) -> amount
+
+
 @dataclass(frozen=True)
 class Kernel:
-    """A named block function. ``fn`` must be a module-level function (pickled by reference)."""
+    """A named block function. ``fn`` must be a module-level function (pickled by reference).
+
+    ``cost``, for a job's own block function (``lazy.map_blocks``), says what one call does
+    from its argument shapes, as work by kind (``{"qr_flops": 4 * n * d * d}``); without
+    it the cost model counts one elementwise operation per input element.
+    """
 
     name: str
     fn: Callable[..., object] = field(compare=False)
+    cost: Callable[[Sequence[tuple[int, ...]]], Work] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

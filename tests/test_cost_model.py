@@ -1,0 +1,113 @@
+"""The time model prices work by kind: an exp is not an add, a QR is not one flop per element."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from arrayjob import lazy as la
+from arrayjob.costing.estimate import StageEstimate, _seconds
+from arrayjob.costing.profile import SHIPPED, MachineProfile, load_profile
+from arrayjob.io.arrays import open_array_info
+from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.jobs.tsqr import SUB_ROWS, tsqr_program
+from arrayjob.planner.cost import WORK_KINDS, kernel_work, qr_flops
+from arrayjob.planner.physical import Kernel
+from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
+from tests.helpers import write_array
+
+CLUSTER = ClusterShape(nodes=1, workers_per_node=2)
+ROWS, COLS = 40_000, 16
+
+
+@pytest.fixture
+def X(tmp_path):
+    uri = str(tmp_path / "X.zarr")
+    write_array(uri, np.ones((ROWS, COLS)), (ROWS // 4, COLS))
+    return la.from_zarr(open_array_info("X", parse_uri(uri), StorageOptions()))
+
+
+def _cost(*outputs: la.BlockArray):
+    plan = make_plan(la.capture(list(outputs)), PlanOptions(cluster=CLUSTER))
+    assert plan.cost is not None
+    return plan.cost
+
+
+def _fit_seconds(cost, profile: MachineProfile) -> float:
+    stage = StageEstimate("fit", bytes_touched=cost.bytes_touched, tasks=cost.tasks)
+    stage.work.update(cost.work)
+    return _seconds(stage, profile, CLUSTER)
+
+
+def test_exp_costs_more_than_add_by_the_calibrated_ratio(X):
+    heavy, light = _cost(la.exp(X).sum()), _cost((X + 1.0).sum())
+    assert heavy.bytes_touched == light.bytes_touched and heavy.tasks == light.tasks
+    assert heavy.work["transcendental"] == ROWS * COLS
+    assert light.work["elementwise"] - heavy.work["elementwise"] == ROWS * COLS
+    profile = dataclasses.replace(SHIPPED, elementwise_per_s=1e9, transcendental_per_s=5e7)
+    extra = _fit_seconds(heavy, profile) - _fit_seconds(light, profile)
+    expected = ROWS * COLS * (1 / 5e7 - 1 / 1e9) / CLUSTER.workers
+    assert extra == pytest.approx(expected, rel=1e-9)
+    # twice as slow an exp: the difference doubles
+    slower = dataclasses.replace(profile, transcendental_per_s=2.5e7)
+    assert _fit_seconds(heavy, slower) - _fit_seconds(light, slower) == pytest.approx(
+        ROWS * COLS * (1 / 2.5e7 - 1 / 1e9) / CLUSTER.workers, rel=1e-9)
+
+
+def test_logaddexp_is_two_transcendental_calls_and_sigmoid_one(X):
+    assert _cost(la.logaddexp(0.0, X).sum()).work["transcendental"] == 2 * ROWS * COLS
+    assert _cost(la.sigmoid(X).sum()).work["transcendental"] == ROWS * COLS
+
+
+def test_matrix_vector_is_priced_by_bytes_and_gram_by_flops(X):
+    w = la.value("w", (COLS,))
+    gemv = _cost(X @ w).work
+    assert gemv["contraction_bytes"] >= 8 * ROWS * COLS and "contraction_flops" not in gemv
+    gram = _cost(la.einsum("ij,ik->jk", X, X)).work
+    assert gram["contraction_flops"] == pytest.approx(2 * ROWS * COLS * COLS)
+    assert "contraction_bytes" not in gram
+
+
+def test_three_operand_einsum_is_priced_at_the_einsum_rate():
+    T = la.value("T", (4, 50, 60))
+    B, C = la.value("B", (50, 8)), la.value("C", (60, 8))
+    work = _cost(la.einsum("ijk,jf,kf->if", T, B, C)).work
+    assert work["einsum_flops"] == 2 * 4 * 50 * 60 * 8
+
+
+def test_map_blocks_declares_its_cost(X):
+    _, r = tsqr_program(X, ROWS // 4, with_q=True)
+    work = _cost(r).work
+    # four blocks of 10,000 rows, each QR'd in sub-blocks, then the stacked R once more
+    full, rest = divmod(ROWS // 4, SUB_ROWS)
+    per_block = full * qr_flops(SUB_ROWS, COLS) + qr_flops(rest, COLS) + qr_flops((full + 1) * COLS, COLS)
+    assert work["qr_flops"] == pytest.approx(4 * per_block + qr_flops(4 * COLS, COLS))
+    # an undeclared block function: one elementwise operation per input element
+    assert kernel_work(Kernel("f", np.copy), [(10, 3)]) == {"elementwise": 30}
+    declared = Kernel("f", np.copy, cost=lambda shapes: {"qr_flops": 7.0})
+    assert kernel_work(declared, [(10, 3)]) == {"qr_flops": 7.0}
+
+
+def test_qr_time_follows_the_qr_rate(X):
+    _, r = tsqr_program(X, ROWS // 4, with_q=False)
+    cost = _cost(r)
+    fast = dataclasses.replace(SHIPPED, qr_flops_per_s=1e10)
+    slow = dataclasses.replace(SHIPPED, qr_flops_per_s=1e9)
+    extra = _fit_seconds(cost, slow) - _fit_seconds(cost, fast)
+    assert extra == pytest.approx(cost.work["qr_flops"] * (1 / 1e9 - 1 / 1e10) / CLUSTER.workers)
+
+
+def test_every_kind_has_a_rate_and_old_profiles_still_load(tmp_path):
+    for kind in WORK_KINDS:
+        assert hasattr(SHIPPED, f"{kind}_per_s"), kind
+    old = {k: v for k, v in dataclasses.asdict(SHIPPED).items() if not k.endswith("_per_s") or k in (
+        "memory_bytes_per_s", "flops_per_s", "storage_read_bytes_per_s", "storage_write_bytes_per_s",
+        "network_bytes_per_s")}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(old))
+    loaded = load_profile(path)
+    assert loaded.transcendental_per_s == SHIPPED.transcendental_per_s
+    assert loaded.rate("qr_flops") == SHIPPED.qr_flops_per_s
