@@ -245,6 +245,46 @@ def test_kmeans_matches_numpy(kmeans, fusion_name):
     assert result["inertia"] == pytest.approx(dist.min(axis=1).sum(), rel=1e-9)
 
 
+@pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0], [2.0, 2.0, 7.0, 0.0]])  # any ids: repeated, missing
+def test_one_hot_products_run_as_loops_and_match_the_products(ids):  # and argmin over short rows
+    rng = np.random.default_rng(8)
+    n, d, k = 50_000, 5, 4
+    X, C = rng.standard_normal((n, d)), rng.standard_normal((k, d))
+    x, c, group = la.value("X", (n, d)), la.value("C", (k, d)), la.value("ids", (k,))
+    labels = (x @ c.T).argmin(axis=1, keepdims=True)
+    onehot = (labels == group) * 1.0
+    outputs = [onehot.T @ x, onehot.sum(axis=0), la.square(x - onehot @ c).sum()]
+    graph = la.capture(outputs)
+    leaves = [i for i, node in enumerate(graph.nodes) if node.op == "value"]
+    slot = {node: a for a, node in enumerate(leaves)}
+    steps = []
+    for i, node in enumerate(graph.nodes):
+        if node.op != "value":
+            slot[i] = len(leaves) + len(steps)
+            steps.append(Step(node.op, node.attrs, tuple(slot[j] for j in node.inputs), node.dtype))
+    kernel = BlockKernel("k", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
+    args = [{"X": X, "C": C, "ids": np.array(ids)}[graph.nodes[i].attrs[0]] for i in leaves]
+    program = blockprogram.Program(kernel, args)
+    assert len(program.rewrites) == 4  # three products and the argmin
+    assert not any(program.shapes[op.out] == (n, k) and op.kind == "map" for op in program.ops)  # E is never built
+    for got, want in zip(kernel(*args), kernel.interpret(*args), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+@pytest.mark.parametrize("fn", ["argmin", "argmax"])
+def test_arg_reductions_over_short_rows_match_numpy_with_ties_and_nans(fn):
+    from arrayjob.planner import loops
+
+    rng = np.random.default_rng(9)
+    S = rng.integers(0, 3, (1000, 7)).astype(float)  # many ties: the first wins
+    S[rng.random(S.shape) < 0.05] = np.nan
+    S[0] = np.nan
+    S[1, 3:] = -np.inf
+    S[2, :] = np.inf
+    want = getattr(np, fn)(S, axis=1, keepdims=True)
+    np.testing.assert_array_equal(getattr(loops, f"{fn}_rows")(S), want)
+
+
 # -- logistic regression: the row template -----------------------------------------------------
 
 

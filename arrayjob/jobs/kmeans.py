@@ -6,7 +6,9 @@ block, summed in a tree): KASEN's fused assignment-and-update. The driver divide
 by counts. As in scikit-learn's Lloyd, a centroid shift (squared, summed) at or below
 tol × mean(var(X)) stops the loop, and a last pass computes labels and inertia for the
 final centroids. Assignment compares ‖c‖² − 2x·c (scikit-learn's expansion), inertia is
-Σ‖x − c‖² computed directly. A cluster that empties keeps its previous centroid.
+Σ‖x − c‖² computed directly. A cluster that empties keeps its previous centroid. The
+one-hot products (sums per cluster, counts, each row's centroid) run as loops over the
+rows, not as products with an n × k matrix (``planner.rewrites``).
 
 Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-means++
 (Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.
@@ -40,19 +42,17 @@ class KMeansParams:
 
 
 def kmeans_program(X: la.BlockArray, k: int, final: bool) -> dict[str, la.BlockArray]:
+    """One Lloyd step (``sums`` and ``counts`` per cluster), or the ``final`` pass (``labels``
+    and ``inertia``). The step leaves the inertia out: the loop never reads it, and its
+    n × d temporaries cost as much as the rest of the step."""
     d = X.shape[1]
     C = la.value("centroids", (k, d))
     scores = la.value("centroid_sq", (k,)) - 2.0 * (X @ C.T)  # ‖x − c‖² − ‖x‖²
     labels = scores.argmin(axis=1, keepdims=True)
-    onehot = (labels == la.value("cluster_ids", (k,))) * 1.0
-    nearest = onehot @ C
-    out = {"inertia": la.square(X - nearest).sum()}
+    onehot = (labels == la.value("cluster_ids", (k,))) * 1.0  # a group sum, not a product
     if final:
-        out["labels"] = labels.sum(axis=1)  # (n, 1) -> (n,), int64
-    else:
-        out["sums"] = onehot.T @ X
-        out["counts"] = onehot.sum(axis=0)
-    return out
+        return {"inertia": la.square(X - onehot @ C).sum(), "labels": labels.sum(axis=1)}  # (n, 1) -> (n,)
+    return {"sums": onehot.T @ X, "counts": onehot.sum(axis=0)}
 
 
 class KMeans(Job):

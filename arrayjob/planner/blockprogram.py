@@ -14,7 +14,10 @@ runs the kernel, once per argument shapes and dtypes):
    Steps numexpr can't do (erf, reductions, contractions, arithmetic on booleans or on
    integers) stay NumPy, as do one-operation expressions and small arrays, where NumPy is
    faster.
-2. *Row sub-blocking* (SystemML's Row template). When the program is row-parallel in its
+2. *Loops* (``rewrites``): products with a one-hot matrix ``E = (labels == ids) * 1``
+   (``Eᵀ @ X``, ``E.sum(0)``, ``E @ C``) and arg-reductions over short rows run as compiled
+   loops over the rows; E is never built.
+3. *Row sub-blocking* (SystemML's Row template). When the program is row-parallel in its
    largest argument — every step either carries that argument's rows or doesn't depend on
    them, and rows are only summed away (sum, max, min, contractions) — it runs over chunks
    of about ``CHUNK_BYTES`` of row data: each chunk's intermediates stay in cache, so the
@@ -37,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from arrayjob.planner.ir import COMPARISONS, infer_shape, parse_einsum
+from arrayjob.planner.rewrites import rewrites
 
 try:  # numexpr is a dependency; without it kernels run NumPy step by step
     from numexpr import set_num_threads
@@ -97,7 +101,8 @@ class Program:
             shapes.append(() if step.op == "const" else infer_shape(step.op, ins, step.attrs))
             dtypes.append(step.dtype)
         self.shapes, self.dtypes = shapes, dtypes
-        self.ops = self._ops(evaluate)
+        self.rewrites = rewrites(kernel, shapes, dtypes)
+        self.ops = _live(self._ops(evaluate), set(kernel.outputs))
         self.done_after = last_uses([op.inputs for op in self.ops], keep={*kernel.outputs, *range(n_args)})
         self.chunking = _Chunking.of(self) if len(self.ops) > 1 else None
 
@@ -153,6 +158,10 @@ class Program:
         rejected: list[int] = []
         for i, step in enumerate(steps):
             slot = n + i
+            if i in self.rewrites:
+                rewrite = self.rewrites[i]
+                ops.append(_Op(slot, rewrite.inputs, "einsum", (rewrite.subscripts,), rewrite.run))
+                continue
             if ok[i] and inlined(slot):
                 continue
             if ok[i]:
@@ -212,6 +221,16 @@ class Program:
         else:
             self.chunking.run(vals)
         return [vals[o] for o in self.kernel.outputs]
+
+
+def _live(ops: list[_Op], outputs: set[int]) -> list[_Op]:
+    """The ops an output depends on (a rewrite can leave its one-hot matrix unread)."""
+    needed, kept = set(outputs), []
+    for op in reversed(ops):
+        if op.out in needed:
+            needed.update(op.inputs)
+            kept.append(op)
+    return kept[::-1]
 
 
 def last_uses(inputs: Sequence[Sequence[int]], keep: set[int]) -> list[tuple[int, ...]]:

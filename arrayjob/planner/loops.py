@@ -1,0 +1,87 @@
+"""The loops behind ``rewrites``, compiled by numba (cached on disk, nogil).
+
+``labels`` is int64 (n,), ``ids`` float64 (k,); a row counts for every j with
+``labels[i] == ids[j]``, exactly as a product with ``(labels[:, None] == ids) * 1.0`` does.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+jit = numba.njit(cache=True, nogil=True)
+
+
+@jit
+def group_sum(labels, ids, X):  # type: ignore[no-untyped-def]
+    """Σ over rows i with labels[i] == ids[j] of X[i]: (k, d)."""
+    n, d = X.shape
+    out = np.zeros((ids.shape[0], d))
+    for i in range(n):
+        for j in range(ids.shape[0]):
+            if labels[i] == ids[j]:
+                for c in range(d):
+                    out[j, c] += X[i, c]
+    return out
+
+
+@jit
+def count(labels, ids):  # type: ignore[no-untyped-def]
+    """How many rows have labels[i] == ids[j]: (k,)."""
+    out = np.zeros(ids.shape[0])
+    for i in range(labels.shape[0]):
+        for j in range(ids.shape[0]):
+            if labels[i] == ids[j]:
+                out[j] += 1.0
+    return out
+
+
+@jit
+def gather(labels, ids, C):  # type: ignore[no-untyped-def]
+    """Row i: Σ over j with labels[i] == ids[j] of C[j]: (n, m)."""
+    m = C.shape[1]
+    out = np.zeros((labels.shape[0], m))
+    for i in range(labels.shape[0]):
+        for j in range(ids.shape[0]):
+            if labels[i] == ids[j]:
+                for c in range(m):
+                    out[i, c] += C[j, c]
+    return out
+
+
+@jit
+def argmin_rows(S):  # type: ignore[no-untyped-def]
+    """NumPy's ``S.argmin(axis=1, keepdims=True)`` for a 2-D float64 S (the first NaN wins)."""
+    n, k = S.shape
+    out = np.zeros((n, 1), dtype=np.int64)
+    for i in range(n):
+        best, v = 0, S[i, 0]
+        if v == v:
+            for j in range(1, k):
+                x = S[i, j]
+                if x != x:
+                    best = j
+                    break
+                if x < v:
+                    best, v = j, x
+        out[i, 0] = best
+    return out
+
+
+@jit
+def argmax_rows(S):  # type: ignore[no-untyped-def]
+    """NumPy's ``S.argmax(axis=1, keepdims=True)`` for a 2-D float64 S (the first NaN wins)."""
+    n, k = S.shape
+    out = np.zeros((n, 1), dtype=np.int64)
+    for i in range(n):
+        best, v = 0, S[i, 0]
+        if v == v:
+            for j in range(1, k):
+                x = S[i, j]
+                if x != x:
+                    best = j
+                    break
+                if x > v:
+                    best, v = j, x
+        out[i, 0] = best
+    return out
