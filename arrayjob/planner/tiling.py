@@ -38,9 +38,8 @@ from arrayjob.io.arrays import ArrayInfo
 from arrayjob.planner.fixed import fixed_blocking
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.physical import BlockGrid
-from arrayjob.planner.plan import Plan, PlanOptions, Tiling, register
+from arrayjob.planner.plan import TARGET_BLOCK_BYTES, Plan, PlanOptions, Tiling, register
 
-TARGET_BLOCK_BYTES = 64 * 2**20
 EXACT_MAX_TABLE = 1 << 16  # largest cost table exact search may build before it gives up
 
 
