@@ -597,3 +597,18 @@ def test_fused_kernels_compile_and_run_on_ray_workers(tmp_path):
     want_call, want_put = black_scholes_numpy(data["S"], data["X"], data["T"], 0.02, 0.3)
     np.testing.assert_allclose(result["call"], want_call, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(result["put"], want_put, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("subscripts", ["ijk,jf,kf->if", "ijk,if,kf->jf", "ijk,if,jf->kf", "ij,jk,kl->il",
+                                        "ijk,kf,if->jf", "abc,c->ab"])
+def test_contractions_of_three_blocks_match_einsum(subscripts):
+    from arrayjob.planner.kernels import _blas_pair, _einsum
+
+    rng = np.random.default_rng(10)
+    sizes = dict(zip("ijkfabcl", (7, 8, 9, 4, 5, 6, 3, 2), strict=True))
+    terms = subscripts.split("->")[0].split(",")
+    blocks = [rng.standard_normal([sizes[x] for x in t]) for t in terms]
+    np.testing.assert_allclose(_einsum(subscripts, *blocks), np.einsum(subscripts, *blocks), rtol=1e-12)
+    if subscripts == "ijk,jf,kf->if":  # MTTKRP, mode 0: X(ij, k) @ C first, one GEMM on a free reshape
+        (big, other, axes, partner_first), rest = _blas_pair(subscripts, tuple(b.shape for b in blocks))
+        assert (big, other, axes, partner_first, rest) == (0, 2, ([2], [0]), False, "ijf,jf->if")
