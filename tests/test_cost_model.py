@@ -111,3 +111,20 @@ def test_every_kind_has_a_rate_and_old_profiles_still_load(tmp_path):
     loaded = load_profile(path)
     assert loaded.transcendental_per_s == SHIPPED.transcendental_per_s
     assert loaded.rate("qr_flops") == SHIPPED.qr_flops_per_s
+
+
+def test_write_requests_are_what_writing_the_result_really_makes(tmp_path):
+    from arrayjob.io.arrays import ResultGroup, WriteBlock, write_group, write_requests
+    from arrayjob.io.storage import StorageCounters
+
+    options = StorageOptions()
+    group = ResultGroup(parse_uri(str(tmp_path)).join("result.zarr"), options)
+    labels = group.create_array("labels", shape=(100,), chunks=(25,), dtype="int64")
+    puts = sum(int(WriteBlock(labels, options, ((i, i + 25),))(np.arange(25))[1]) for i in range(0, 100, 25))
+    written = StorageCounters()
+    write_group(group.location, options, {"centroids": np.ones((3, 2)), "coef": np.ones(7)},
+                {"inertia": 1.0, "iterations": 3, "k": 3}, written)
+    predicted = write_requests({"centroids": ((3, 2), "float64"), "coef": ((7,), "float64")},
+                               {"labels": ((100,), (25,), "int64")})
+    assert predicted.get_requests == group.counters.get_requests + written.get_requests
+    assert predicted.put_requests == group.counters.put_requests + puts + written.put_requests

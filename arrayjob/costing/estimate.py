@@ -17,6 +17,7 @@ import numpy as np
 
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
+from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
 from arrayjob.planner.physical import SourceBlock
 from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
@@ -160,17 +161,22 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         fit.work.update({kind: runs * amount for kind, amount in cost.work.items()})
         fit.tasks += runs * cost.tasks
         peaks.append(list(cost.peak_bytes_per_node))
+    # arrays of the job no program reads are read whole on the driver (factor matrices, indptr)
+    for info in getattr(job, "arrays", {}).values():
+        if info.uri not in sources_seen:
+            load.bytes_read += math.prod(info.shape) * np.dtype(info.dtype).itemsize
+            load.get_requests += math.prod(math.ceil(s / c) for s, c in zip(info.shape, info.chunks, strict=True))
     write = StageEstimate("write")
-    for shape, dtype, chunk_rows in job.outputs_estimate():
-        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-        write.bytes_written += nbytes
-        chunks = math.ceil(shape[0] / chunk_rows) if shape and chunk_rows else 1
-        write.put_requests += chunks + 4  # chunks, the array's metadata and the group's again
-        write.get_requests += 2  # zarr checks that the array is new
-        write.bytes_written += 1150  # zarr.json of the array and of the group
-    write.put_requests += 2  # the group's zarr.json (report.json and _SUCCESS are not counted)
-    write.get_requests += 2
-    write.bytes_written += 300
+    driver: dict[str, tuple[tuple[int, ...], str]] = {}
+    workers: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {}
+    for i, (shape, dtype, chunk_rows) in enumerate(job.outputs_estimate()):
+        if chunk_rows:  # written by the workers, chunked by rows
+            workers[f"output{i}"] = (tuple(shape), (chunk_rows, *shape[1:]), dtype)
+        else:
+            driver[f"output{i}"] = (tuple(shape), dtype)
+    requests = write_requests(driver, workers)
+    write.get_requests, write.put_requests = requests.get_requests, requests.put_requests
+    write.bytes_written, write.bytes_read = requests.bytes_written, requests.bytes_read
     connect = StageEstimate("connect", wall_seconds=profile.startup_seconds)
     shutdown = StageEstimate("shutdown", wall_seconds=profile.shutdown_seconds)
     stages = [connect, load, fit, write, shutdown]

@@ -7,6 +7,7 @@ process runs ``read_block``, so the driver never holds a big array.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -207,9 +208,32 @@ def write_group(
     store = zarr_store(location, options, read_only=False, counters=counters)
     try:
         group = zarr.open_group(store=store, mode="a", zarr_format=3)
-        group.attrs.update(dict(attrs))
+        group.update_attributes(dict(attrs))  # one PUT (attrs.update writes zarr.json once per key)
         for name, value in arrays.items():
             value = np.asarray(value)
             group.create_array(name, data=value, chunks=value.shape or None)
     except Exception as exc:  # noqa: BLE001
         raise StorageError(f"output: writing {location} failed: {_describe(exc)}") from None
+
+
+def write_requests(driver_arrays: Mapping[str, tuple[tuple[int, ...], str]],
+                   worker_arrays: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], str]]) -> StorageCounters:
+    """The requests a run's output writes make, without the run: ``ResultGroup.create_array``
+    for the arrays the workers fill (plus one PUT per chunk they write) and ``write_group``
+    for the driver's small arrays (arrays of ones: zarr skips chunks of zeros), replayed in
+    a temporary local directory, so zarr's own metadata requests are counted as a run counts
+    them. Worker processes' metadata GETs are not counted, as in a run (see docs/report.md)."""
+    import tempfile
+
+    from arrayjob.io.storage import parse_uri
+
+    with tempfile.TemporaryDirectory(prefix="arrayjob-write-") as tmp:
+        group = ResultGroup(parse_uri(tmp).join("result.zarr"), StorageOptions())
+        counters = group.counters
+        for name, (shape, chunks, dtype) in worker_arrays.items():
+            group.create_array(name, shape=shape, chunks=chunks, dtype=dtype)
+            counters.put_requests += math.prod(-(-s // c) for s, c in zip(shape, chunks, strict=True))
+            counters.bytes_written += math.prod(shape) * np.dtype(dtype).itemsize
+        write_group(group.location, StorageOptions(),
+                    {name: np.ones(shape, dtype) for name, (shape, dtype) in driver_arrays.items()}, {"fit": 0.0}, counters)
+    return counters
