@@ -25,6 +25,9 @@ runs the kernel, once per argument shapes and dtypes):
    (``X.T @ f(X @ w)``). Reductions over rows are accumulated across chunks, steps that
    don't depend on the rows run once before the loop, and steps that need a finished
    reduction run after it.
+4. *Row loops* (``rowloop``): a row-parallel program whose only wide argument is the one
+   cut into rows, everything else per row a scalar (the logistic loss and gradient), is
+   generated as one numba loop over the rows instead of pieces.
 
 ``Program(kernel, args)`` is the compiled form; ``BlockKernel`` caches it.
 """
@@ -39,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from arrayjob.planner import rowloop
 from arrayjob.planner.ir import COMPARISONS, infer_shape, parse_einsum
 from arrayjob.planner.rewrites import rewrites
 
@@ -105,6 +109,7 @@ class Program:
         self.ops = _live(self._ops(evaluate), set(kernel.outputs))
         self.done_after = last_uses([op.inputs for op in self.ops], keep={*kernel.outputs, *range(n_args)})
         self.chunking = _Chunking.of(self) if len(self.ops) > 1 else None
+        self.row_loop = rowloop.build(self, self.chunking.carrier) if self.chunking is not None else None
 
     # -- expressions ---------------------------------------------------------------------
     def _expressible(self, i: int) -> bool:
@@ -213,7 +218,9 @@ class Program:
     # -- running -------------------------------------------------------------------------
     def __call__(self, args: Sequence[Any]) -> list[Any]:
         vals: list[Any] = list(args) + [None] * len(self.kernel.steps)
-        if self.chunking is None:
+        if self.row_loop is not None:
+            self.row_loop(vals)
+        elif self.chunking is None:
             for op, done in zip(self.ops, self.done_after, strict=True):
                 vals[op.out] = op.run(vals)
                 for slot in done:  # whole-block intermediates: free them as soon as possible
@@ -267,6 +274,7 @@ class _Conflict(Exception):
 
 @dataclass
 class _Chunking:
+    carrier: int  # the argument whose rows are cut
     rows: int  # chunk length
     length: int  # rows in all
     pre: list[_Op]
@@ -297,7 +305,7 @@ class _Chunking:
             return None
         outputs = set(program.kernel.outputs)
         return cls(
-            rows=rows, length=length,
+            carrier=carrier, rows=rows, length=length,
             pre=[op for op in program.ops if role[op.out] == PRE], loop=loop,
             post=[op for op in program.ops if role[op.out] == POST],
             loop_args=[(s, axis[s]) for s in range(n) if role.get(s) == LOOP],
