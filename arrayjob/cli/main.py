@@ -176,6 +176,7 @@ def estimate(spec: str, overrides: tuple[str, ...], nodes: int, instance_type: s
 def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug: bool) -> None:
     """Measure this machine (or the connected cluster) and the bucket for `estimate`."""
     import dataclasses
+    import statistics
     import time
 
     from arrayjob.costing.calibrate import calibrate as measure
@@ -185,13 +186,21 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
     from arrayjob.spec import ClusterOptions
 
     address = os.environ.get("RAY_ADDRESS", "local")
+    starts, stops = [], []
+    for _ in range(2 if address == "local" else 0):  # a local Ray's start time varies: take the median of three
+        start = time.perf_counter()
+        with ray_cluster(ClusterOptions(address=address)):
+            starts.append(time.perf_counter() - start)
+            stopping = time.perf_counter()
+        stops.append(time.perf_counter() - stopping)
     start = time.perf_counter()
     with ray_cluster(ClusterOptions(address=address)) as cluster:
-        startup = time.perf_counter() - start
+        starts.append(time.perf_counter() - start)
         profile = measure(parse_uri(bucket, key="--bucket"), StorageOptions(), cluster.node_ids, cluster.cpus,
-                          startup, 0.0)
+                          statistics.median(starts), 0.0)
         stopping = time.perf_counter()
-    profile = dataclasses.replace(profile, shutdown_seconds=time.perf_counter() - stopping)
+    stops.append(time.perf_counter() - stopping)
+    profile = dataclasses.replace(profile, shutdown_seconds=statistics.median(stops))
     path = save_profile(profile, output)
     click.echo(f"saved {path}:")
     click.echo(profile.to_json())
