@@ -128,3 +128,20 @@ def test_write_requests_are_what_writing_the_result_really_makes(tmp_path):
                                {"labels": ((100,), (25,), "int64")})
     assert predicted.get_requests == group.counters.get_requests + written.get_requests
     assert predicted.put_requests == group.counters.put_requests + puts + written.put_requests
+
+
+def test_stored_blocks_stay_where_an_earlier_program_read_them(X):
+    from arrayjob.planner.cost import physical_cost
+    from arrayjob.planner.physical import SourceBlock
+
+    options = PlanOptions(cluster=ClusterShape(nodes=3, workers_per_node=1), placement="roundrobin")
+    plan = make_plan(la.capture([(X * 2.0).sum(axis=1)]), options)
+    assert physical_cost(plan.physical, 3).bytes_between_nodes == 0  # each block read where it is used
+    homes: dict = {}
+    physical_cost(plan.physical, 3, homes)
+    assert len(homes) == 4 and set(homes.values()) == {0, 1, 2}
+    # a later program finds every block on node 0: the blocks its tasks need elsewhere move
+    on_node_0 = dict.fromkeys(homes, 0)
+    moved = physical_cost(plan.physical, 3, on_node_0).bytes_between_nodes
+    away = {a for t in plan.physical.tasks if t.node % 3 != 0 for a in t.args if isinstance(a, SourceBlock)}
+    assert moved >= len(away) * ROWS // 4 * COLS * 8 > 0

@@ -349,11 +349,28 @@ def flops_of(work: Mapping[str, float]) -> float:
     return sum(v for k, v in work.items() if k != "contraction_bytes")
 
 
-def physical_cost(physical: PhysicalPlan, nodes: int) -> PlanCost:
-    """Replay ``physical`` on ``nodes`` nodes. Tasks Ray places (node None) are dealt round-robin."""
+def physical_cost(physical: PhysicalPlan, nodes: int,
+                  homes: dict[tuple[str, tuple[tuple[int, int], ...]], int] | None = None) -> PlanCost:
+    """Replay ``physical`` on ``nodes`` nodes. Tasks Ray places (node None) are dealt round-robin.
+
+    ``homes`` carries stored blocks across the programs of one job: a block an earlier
+    program read stays on the node that read it (the runtime keeps it there), so a later
+    program whose placement differs fetches it. Keys are (URI, selection); blocks this
+    plan reads first are added.
+    """
     nodes = max(1, nodes)
     load = ClusterLoad(physical, nodes)
     sources = {s.array.name: s for s in physical.sources}
+
+    def key(ref: SourceBlock) -> tuple[str, tuple[tuple[int, int], ...]]:
+        source = sources[ref.array]
+        return source.array.uri, tuple((s.start, s.stop) for s in source.grid.selection(ref.index))
+
+    if homes:
+        for task in physical.tasks:
+            for arg in task.args:
+                if isinstance(arg, SourceBlock) and arg not in load.home and key(arg) in homes:
+                    load.hold(arg, homes[key(arg)] % nodes, load.block_bytes(arg))
     shape_of: dict[TaskResult, tuple[int, ...]] = {}
     bytes_read = requests = 0
     work: Counter[str] = Counter()
@@ -369,6 +386,8 @@ def physical_cost(physical: PhysicalPlan, nodes: int) -> PlanCost:
                     bytes_read += load.block_bytes(arg)
                     requests += math.prod(math.ceil(s.stop / c) - s.start // c
                                           for s, c in zip(sel, source.array.chunks, strict=True))
+                    if homes is not None:
+                        homes[key(arg)] = node
             elif isinstance(arg, TaskResult):
                 in_shapes.append(shape_of.get(arg, ()))
             else:
