@@ -19,7 +19,7 @@ from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
-from arrayjob.planner.cost import physical_cost
+from arrayjob.planner.cost import BlockKey, physical_cost
 from arrayjob.planner.physical import SourceBlock
 from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
 
@@ -144,13 +144,13 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     load = StageEstimate("load")
     fit = StageEstimate("fit", runs=0)
     sources_seen: set[object] = set()
-    homes: dict[tuple[str, tuple[tuple[int, int], ...]], int] = {}
+    homes: dict[BlockKey, tuple[int, int]] = {}
     peaks: list[list[int]] = []
     for program, runs in job.passes(assumed, cluster.workers):
         plan = make_plan(capture(list(program.values())), options)
         assert plan.physical is not None and plan.cost is not None
-        # stored blocks stay where the first program read them (see physical_cost)
-        cost = physical_cost(plan.physical, nodes, homes) if nodes > 1 else plan.cost
+        # stored blocks stay where the first program read them, for the job (see physical_cost)
+        cost = physical_cost(plan.physical, nodes, homes)
         fresh = [s for s in plan.physical.sources if s.array.uri not in sources_seen]
         if fresh:  # stored blocks are read once, by one task each, then kept for the job
             load.bytes_read += cost.bytes_read

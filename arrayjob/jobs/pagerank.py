@@ -204,8 +204,25 @@ class PageRank(Job):
         return self._iteration(graph, n, block)
 
     def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
-        build, _ = self._build(self._nodes_for_planning(), workers)
-        return [(build, 1), (self.program(workers), iterations)]
+        """The programs ``run`` runs, in order: node-id range, build, out-degrees, scaling, iterations."""
+        n = self._nodes_for_planning()
+        build, _ = self._build(n, workers)
+        kept = la.cached("graph", build["graph"].shape, "object", (1, 1))
+        return [(self._id_range_program(), 1), (build, 1), (self._degree_program(kept, n), 1),
+                (self._scale_program(kept, n), 1), (self.program(workers), iterations)]
+
+    @staticmethod
+    def _degree_program(graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
+        (degree_parts,) = la.map_blocks(Kernel("out_degree", out_degree), graph,
+                                        outputs=[((graph.shape[0], n), "float64", 1)], block_rows=[1])
+        return {"d": degree_parts.sum(axis=0)}
+
+    @staticmethod
+    def _scale_program(graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
+        (scaled,) = la.map_blocks(Kernel("scale_by_out_degree", scale_block), graph,
+                                  la.value("inverse_degree", (n,)), la.value("dangling", (n,), "bool"),
+                                  outputs=[(graph.shape, "object", 1)], block_rows=[1, None, None])
+        return {"graph": scaled}
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         return [((self._nodes_for_planning(),), "float64", None)]
@@ -238,16 +255,11 @@ class PageRank(Job):
                 values = {"indptr": read_whole(self.arrays["edges.indptr"], self.storage, ctx.metrics).astype(np.int64),
                           "chunk_starts": np.arange(0, max(E, 1), self._edge_array.chunks[0], dtype=np.int64)}
             kept = ctx.session.persist(build, values)
-            blocks = kept["graph"].shape[0]
-            (degree_parts,) = la.map_blocks(Kernel("out_degree", out_degree), kept["graph"],
-                                            outputs=[((blocks, n), "float64", 1)], block_rows=[1])
-            outdeg = ctx.session.compute({"d": degree_parts.sum(axis=0)})["d"]
+            outdeg = ctx.session.compute(self._degree_program(kept["graph"], n))["d"]
             dangling = outdeg == 0
             inverse = np.where(dangling, 0.0, 1.0 / np.where(dangling, 1.0, outdeg))
-            (scaled,) = la.map_blocks(Kernel("scale_by_out_degree", scale_block), kept["graph"],
-                                      la.value("inverse_degree", (n,)), la.value("dangling", (n,), "bool"),
-                                      outputs=[(kept["graph"].shape, "object", 1)], block_rows=[1, None, None])
-            graph = ctx.session.persist({"graph": scaled}, {"inverse_degree": inverse, "dangling": dangling})
+            graph = ctx.session.persist(self._scale_program(kept["graph"], n),
+                                        {"inverse_degree": inverse, "dangling": dangling})
             ctx.session.release(kept)
         step = self._iteration(graph["graph"], n, block)
         rank = np.full(n, 1.0 / n)
@@ -269,11 +281,14 @@ class PageRank(Job):
                          [f"{'converged' if converged else 'did NOT converge'} in {iterations} iterations "
                           f"(L1 change {delta:.2e}, tol {p.tol:g}); {n:,} nodes, {E:,} edges"])
 
-    def _id_range(self, ctx: JobContext) -> np.ndarray:
+    def _id_range_program(self) -> dict[str, la.BlockArray]:
         e = self._edge_array
         chunk = e.chunks[0]
         chunks = math.ceil(e.shape[0] / chunk) if e.shape[0] else 1
         (parts,) = la.map_blocks(Kernel("id_range", id_range), self._edges(), outputs=[((chunks, 2), "int64", 1)],
                                  block_rows=[chunk])
-        r = ctx.session.compute({"lo": parts.min(axis=0), "hi": parts.max(axis=0)})
+        return {"lo": parts.min(axis=0), "hi": parts.max(axis=0)}
+
+    def _id_range(self, ctx: JobContext) -> np.ndarray:
+        r = ctx.session.compute(self._id_range_program())
         return np.array([r["lo"][0], r["hi"][1]])

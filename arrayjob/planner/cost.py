@@ -349,28 +349,34 @@ def flops_of(work: Mapping[str, float]) -> float:
     return sum(v for k, v in work.items() if k != "contraction_bytes")
 
 
-def physical_cost(physical: PhysicalPlan, nodes: int,
-                  homes: dict[tuple[str, tuple[tuple[int, int], ...]], int] | None = None) -> PlanCost:
+BlockKey = tuple[str, tuple[tuple[int, int], ...]]  # a stored block: (URI, selection)
+
+
+def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tuple[int, int]] | None = None,
+                  ) -> PlanCost:
     """Replay ``physical`` on ``nodes`` nodes. Tasks Ray places (node None) are dealt round-robin.
 
-    ``homes`` carries stored blocks across the programs of one job: a block an earlier
-    program read stays on the node that read it (the runtime keeps it there), so a later
-    program whose placement differs fetches it. Keys are (URI, selection); blocks this
-    plan reads first are added.
+    ``homes`` carries stored blocks across the programs of one job, as the runtime keeps
+    them: (node, bytes) of each block an earlier program read. Such a block stays on that
+    node, so a program that places its consumer elsewhere fetches it, and it occupies its
+    node's memory in every later program, used or not. Blocks this plan reads first are
+    added to ``homes``.
     """
     nodes = max(1, nodes)
     load = ClusterLoad(physical, nodes)
     sources = {s.array.name: s for s in physical.sources}
 
-    def key(ref: SourceBlock) -> tuple[str, tuple[tuple[int, int], ...]]:
+    def key(ref: SourceBlock) -> BlockKey:
         source = sources[ref.array]
         return source.array.uri, tuple((s.start, s.stop) for s in source.grid.selection(ref.index))
 
     if homes:
-        for task in physical.tasks:
-            for arg in task.args:
-                if isinstance(arg, SourceBlock) and arg not in load.home and key(arg) in homes:
-                    load.hold(arg, homes[key(arg)] % nodes, load.block_bytes(arg))
+        used = {key(a): a for t in physical.tasks for a in t.args if isinstance(a, SourceBlock)}
+        for block, (node, nbytes) in homes.items():
+            if block in used:
+                load.hold(used[block], node % nodes, nbytes)
+            else:
+                load.reserve(node % nodes, nbytes)
     shape_of: dict[TaskResult, tuple[int, ...]] = {}
     bytes_read = requests = 0
     work: Counter[str] = Counter()
@@ -387,7 +393,7 @@ def physical_cost(physical: PhysicalPlan, nodes: int,
                     requests += math.prod(math.ceil(s.stop / c) - s.start // c
                                           for s, c in zip(sel, source.array.chunks, strict=True))
                     if homes is not None:
-                        homes[key(arg)] = node
+                        homes[key(arg)] = (node, load.block_bytes(arg))
             elif isinstance(arg, TaskResult):
                 in_shapes.append(shape_of.get(arg, ()))
             else:
