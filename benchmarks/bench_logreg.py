@@ -27,7 +27,6 @@ L2 = 1e-4  # the demo spec's
 TOL = 1e-6  # the demo spec's: stop when the gradient's 2-norm is this small (arrayjob's callback)
 MiB = 2**20
 TUNING: dict[str, int] = {"dask_chunk_mib": 128, "ray_block_mib": 256}  # set from the command line
-BIG_BLOCKS = 256 * MiB  # the "arrayjob, 256 MiB blocks" rows: PlanOptions.target_block_bytes (default 64 MiB)
 
 
 def loss_grad_numpy(X: np.ndarray, y: np.ndarray, w: np.ndarray, b: float) -> tuple[float, np.ndarray, float]:
@@ -249,11 +248,10 @@ def logreg(ctx: Context) -> list[Row]:
     rng = np.random.default_rng(1)
     w, b = 0.1 * rng.standard_normal(ctx.size.cols), 0.05
     aj_eval, aj_lbfgs, loss = _logreg_arrayjob(ctx, w, b)
-    big_eval, big_lbfgs, _ = _logreg_arrayjob(ctx, w, b, BIG_BLOCKS)
     np_eval, np_lbfgs = _logreg_numpy(ctx, w, b, loss)
     dk_eval, dk_lbfgs, glm = _logreg_dask(ctx, w, b)
     ray_eval, ray_lbfgs = _logreg_ray(ctx, w, b)
-    return [aj_eval, big_eval, np_eval, dk_eval, ray_eval, aj_lbfgs, big_lbfgs, np_lbfgs, dk_lbfgs, ray_lbfgs, glm]
+    return [aj_eval, np_eval, dk_eval, ray_eval, aj_lbfgs, np_lbfgs, dk_lbfgs, ray_lbfgs, glm]
 
 
 def _dask_glm_lbfgs(Xd: Any, yd: Any, n: int, iterations: int) -> tuple[float, int, int]:

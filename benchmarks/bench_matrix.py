@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from bench_context import Context
 from bench_harness import Row, dask_threads, repeat_timed, timed
-from bench_logreg import BIG_BLOCKS, MiB, dask_arrays, plan_note
+from bench_logreg import MiB, dask_arrays, plan_note
 
 import arrayjob.lazy as la
 from arrayjob.jobs.kmeans import kmeans_program
@@ -93,35 +93,6 @@ def _kmeans_arrayjob(ctx: Context, C0: np.ndarray, size: str, what: str, limit: 
                     f"{plan_note(session, step)} per iteration"), centres[-1]
 
 
-def kmeans_step_without_inertia(X: la.BlockArray, k: int) -> dict[str, la.BlockArray]:
-    """The kmeans job's step program less its ``inertia`` output, which the job's loop never
-    reads (it needs the sums and counts only; the final pass computes inertia)."""
-    return {name: out for name, out in kmeans_program(X, k, final=False).items() if name != "inertia"}
-
-
-def _kmeans_lean(ctx: Context, C0: np.ndarray, size: str, what: str, limit: float, C_ref: np.ndarray) -> Row:
-    k, iters = ctx.size.k, ctx.size.iterations
-    step = kmeans_step_without_inertia(la.from_zarr(ctx.info("logreg", "X")), k)
-    load, session = ctx.loaded_session(step)
-    ids = np.arange(k, dtype=np.float64)
-
-    def lloyd() -> np.ndarray:
-        C = C0.copy()
-        for _ in range(iters):
-            r = session.compute(step, {"centroids": C, "centroid_sq": (C**2).sum(1), "cluster_ids": ids})
-            counts = r["counts"]
-            C = np.where(counts[:, None] > 0, r["sums"] / np.maximum(counts, 1)[:, None], C)
-        return C
-
-    centres: list[np.ndarray] = []
-    t = timed(lambda: centres.append(lloyd()), ctx.repeat)
-    assert np.allclose(centres[-1], C_ref, rtol=1e-10, atol=1e-10)
-    return Row("KMeans", size, "arrayjob, step without inertia (proposed)", what, load.median, t.median, peer=False,
-               limit_s=limit, load_runs=load.runs, compute_runs=t.runs,
-               note="not the job: its step program less the inertia output its loop never reads "
-                    f"(same centroids); {plan_note(session, step)} per iteration")
-
-
 def kmeans(ctx: Context) -> list[Row]:
     from dask_ml.cluster import KMeans as DaskKMeans
     from sklearn.cluster import KMeans
@@ -134,8 +105,7 @@ def kmeans(ctx: Context) -> list[Row]:
     X, x_load = ctx.numpy_array("logreg", "X")
     C0 = X[np.random.default_rng(2).choice(min(n, 10_000), size=k, replace=False)].copy()
     aj, C_aj = _kmeans_arrayjob(ctx, C0, size, what, limit)
-    rows = [aj, _kmeans_arrayjob(ctx, C0, size, what, limit, BIG_BLOCKS)[0],
-            _kmeans_lean(ctx, C0, size, what, limit, C_aj)]
+    rows = [aj]
 
     fits: list[Any] = []
     t = timed(lambda: fits.append(KMeans(n_clusters=k, init=C0, n_init=1, max_iter=iters, tol=0.0,

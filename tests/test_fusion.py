@@ -246,7 +246,8 @@ def test_kmeans_matches_numpy(kmeans, fusion_name):
 
 
 @pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0], [2.0, 2.0, 7.0, 0.0]])  # any ids: repeated, missing
-def test_one_hot_products_run_as_loops_and_match_the_products(ids):  # and argmin over short rows
+def test_one_hot_products_run_as_loops_and_match_the_products(ids, monkeypatch):  # and argmin over short rows
+    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 0)
     rng = np.random.default_rng(8)
     n, d, k = 50_000, 5, 4
     X, C = rng.standard_normal((n, d)), rng.standard_normal((k, d))

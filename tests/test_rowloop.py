@@ -35,6 +35,17 @@ def _data(scale=1.0):
             "yi": rng.integers(0, 2, N)}
 
 
+@pytest.fixture(autouse=True)
+def loops_on_small_blocks(monkeypatch):
+    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 0)
+
+
+def test_small_blocks_keep_the_pieces(monkeypatch):
+    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 10 * N * D * 8)
+    x, w = la.value("X", (N, D)), la.value("w", (D,))
+    _check([x.T @ la.exp(x @ w)], _data(), fits=False)
+
+
 def _check(outputs, values, *, fits=True):
     kernel, args = _kernel(outputs, values)
     program = blockprogram.Program(kernel, args)

@@ -16,7 +16,8 @@ runs the kernel, once per argument shapes and dtypes):
    faster.
 2. *Loops* (``rewrites``): products with a one-hot matrix ``E = (labels == ids) * 1``
    (``Eᵀ @ X``, ``E.sum(0)``, ``E @ C``) and arg-reductions over short rows run as compiled
-   loops over the rows; E is never built.
+   loops over the rows; E is never built. (Loops are used for blocks of at least
+   ``LOOP_MIN_BYTES``: below, numba's one-time start costs more than they save.)
 3. *Row sub-blocking* (SystemML's Row template). When the program is row-parallel in its
    largest argument — every step either carries that argument's rows or doesn't depend on
    them, and rows are only summed away (sum, max, min, contractions) — it runs over chunks
@@ -58,6 +59,10 @@ except ImportError:  # pragma: no cover
 # chunks lose it again to per-chunk Python and BLAS call overhead.
 CHUNK_BYTES = 2 * 2**20
 MIN_CHUNK_ROWS = 64
+# Compiled loops (``rewrites``, ``rowloop``) for blocks at least this big. A process pays
+# about 0.85 s once to import numba and load a cached loop, and a loop saves about 0.1 ms
+# per MB of block (logistic, K-means): worth it for the blocks of large jobs, not small ones.
+LOOP_MIN_BYTES = 64 * 2**20
 MIN_EXPRESSION_SIZE = 2048  # elements; below this a NumPy call is cheaper than numexpr's
 LOG2 = "0.6931471805599453"
 
@@ -105,11 +110,13 @@ class Program:
             shapes.append(() if step.op == "const" else infer_shape(step.op, ins, step.attrs))
             dtypes.append(step.dtype)
         self.shapes, self.dtypes = shapes, dtypes
-        self.rewrites = rewrites(kernel, shapes, dtypes)
+        largest = max((math.prod(shapes[s]) * np.dtype(dtypes[s]).itemsize for s in range(n_args)), default=0)
+        loops = largest >= LOOP_MIN_BYTES
+        self.rewrites = rewrites(kernel, shapes, dtypes) if loops else {}
         self.ops = _live(self._ops(evaluate), set(kernel.outputs))
         self.done_after = last_uses([op.inputs for op in self.ops], keep={*kernel.outputs, *range(n_args)})
         self.chunking = _Chunking.of(self) if len(self.ops) > 1 else None
-        self.row_loop = rowloop.build(self, self.chunking.carrier) if self.chunking is not None else None
+        self.row_loop = rowloop.build(self, self.chunking.carrier) if loops and self.chunking is not None else None
 
     # -- expressions ---------------------------------------------------------------------
     def _expressible(self, i: int) -> bool:
