@@ -176,31 +176,26 @@ def estimate(spec: str, overrides: tuple[str, ...], nodes: int, instance_type: s
 def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug: bool) -> None:
     """Measure this machine (or the connected cluster) and the bucket for `estimate`."""
     import dataclasses
-    import statistics
     import time
 
     from arrayjob.costing.calibrate import calibrate as measure
+    from arrayjob.costing.calibrate import cold_start_seconds
     from arrayjob.costing.profile import save_profile
     from arrayjob.io.storage import StorageOptions, parse_uri
     from arrayjob.runtime.cluster import ray_cluster
     from arrayjob.spec import ClusterOptions
 
     address = os.environ.get("RAY_ADDRESS", "local")
-    starts, stops = [], []
-    for _ in range(2 if address == "local" else 0):  # a local Ray's start time varies: take the median of three
-        start = time.perf_counter()
-        with ray_cluster(ClusterOptions(address=address)):
-            starts.append(time.perf_counter() - start)
-            stopping = time.perf_counter()
-        stops.append(time.perf_counter() - stopping)
+    # a local Ray is started by each job in a fresh process: measure that; else time connecting
+    startup, shutdown = cold_start_seconds(address) if address == "local" else (0.0, 0.0)
     start = time.perf_counter()
     with ray_cluster(ClusterOptions(address=address)) as cluster:
-        starts.append(time.perf_counter() - start)
+        connect = time.perf_counter() - start
         profile = measure(parse_uri(bucket, key="--bucket"), StorageOptions(), cluster.node_ids, cluster.cpus,
-                          statistics.median(starts), 0.0)
+                          startup or connect, shutdown)
         stopping = time.perf_counter()
-    stops.append(time.perf_counter() - stopping)
-    profile = dataclasses.replace(profile, shutdown_seconds=statistics.median(stops))
+    if address != "local":
+        profile = dataclasses.replace(profile, shutdown_seconds=time.perf_counter() - stopping)
     path = save_profile(profile, output)
     click.echo(f"saved {path}:")
     click.echo(profile.to_json())

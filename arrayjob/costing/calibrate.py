@@ -188,10 +188,16 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], f
 
     @ray.remote
     def hello() -> None:
+        # what a job's first tasks load in a fresh worker: Zarr block reads, compiled kernels
+        import numexpr  # noqa: F401
+        import scipy.linalg  # noqa: F401
+
+        import arrayjob.io.arrays  # noqa: F401
+        import arrayjob.planner.blockprogram  # noqa: F401
         return None
 
     start = time.perf_counter()
-    ray.get([hello.remote() for _ in range(cpus)])  # cold: worker processes start
+    ray.get([hello.remote() for _ in range(cpus)])  # cold: worker processes start and import
     warmup = time.perf_counter() - start
     # every worker at once, as a job's kernels run: cores share memory bandwidth and caches
     measured = ray.get([rates.remote() for _ in range(max(1, cpus // max(1, len(node_ids))))])
@@ -224,6 +230,23 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], f
         nbytes = ray.get(touch.options(**on[1]).remote(block))
         network = nbytes / (time.perf_counter() - start)
     return compute, overhead, network, warmup
+
+
+def cold_start_seconds(address: str, repeats: int = 3) -> tuple[float, float]:
+    """(start, stop) seconds of a Ray for a job, median of ``repeats``: each in a fresh Python
+    process that imports Ray, as ``arrayjob run`` does (a second start in one process is faster)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, time; t = time.perf_counter()\n"
+            "from arrayjob.runtime.cluster import ray_cluster\nfrom arrayjob.spec import ClusterOptions\n"
+            f"with ray_cluster(ClusterOptions(address={address!r})):\n"
+            "    up = time.perf_counter() - t; s = time.perf_counter()\n"
+            "print(json.dumps([up, time.perf_counter() - s]))")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                      check=True).stdout.strip().splitlines()[-1]) for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
 def run_overhead(node_ids: tuple[str, ...], options: StorageOptions) -> float:

@@ -120,6 +120,8 @@ class Estimate:
 
 
 def _seconds(stage: StageEstimate, profile: MachineProfile, cluster: ClusterShape) -> float:
+    """Storage and network time, and compute as if it spread evenly over the workers (the
+    fit and load stages replace that with the schedule's length: see ``_makespan``)."""
     workers, nodes = cluster.workers, cluster.nodes
     storage = (stage.bytes_read / (profile.storage_read_bytes_per_s * nodes)
                + stage.get_requests * profile.request_seconds / (STORAGE_CONCURRENCY * nodes)
@@ -131,6 +133,33 @@ def _seconds(stage: StageEstimate, profile: MachineProfile, cluster: ClusterShap
     overhead = stage.tasks * profile.task_overhead_seconds / workers
     network = stage.bytes_between_nodes / (profile.network_bytes_per_s * max(1, nodes))
     return storage + compute + overhead + network
+
+
+def _makespan(items: list[tuple[int, float]], cluster: ClusterShape) -> float:
+    """How long tasks of ``(node, seconds)``, in plan order, take when each node hands its
+    next task to its least-busy worker: a few big blocks on more workers than blocks, or
+    an odd block count, leave workers idle, which an even spread would not show."""
+    free = [[0.0] * max(1, cluster.workers_per_node) for _ in range(max(1, cluster.nodes))]
+    for node, seconds in items:
+        workers = free[node % len(free)]
+        i = min(range(len(workers)), key=workers.__getitem__)
+        workers[i] += seconds
+    return max((max(w) for w in free), default=0.0)
+
+
+def _compute_seconds(cost: Any, profile: MachineProfile, cluster: ClusterShape) -> float:
+    """One run of a plan: its tasks' compute, each work kind at its rate, scheduled."""
+    return _makespan([(node, touched / profile.memory_bytes_per_s + profile.task_overhead_seconds
+                       + sum(amount / profile.rate(kind) for kind, amount in work.items()))
+                      for node, touched, work in cost.task_work], cluster)
+
+
+def _read_seconds(cost: Any, profile: MachineProfile, cluster: ClusterShape) -> float:
+    """Reading a plan's stored blocks, one task per block on the node that first uses it;
+    the node's read rate is shared by its workers."""
+    per_worker = profile.storage_read_bytes_per_s / max(1, cluster.workers_per_node)
+    return _makespan([(node, nbytes / per_worker + profile.task_overhead_seconds)
+                      for node, nbytes in cost.block_reads], cluster)
 
 
 def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices: PriceTable,
@@ -145,6 +174,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     fit = StageEstimate("fit", runs=0)
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
+    load_seconds = fit_seconds = 0.0
     peaks: list[list[int]] = []
     for program, runs in job.passes(assumed, cluster.workers):
         plan = make_plan(capture(list(program.values())), options)
@@ -153,11 +183,13 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         cost = physical_cost(plan.physical, nodes, homes)
         fresh = [s for s in plan.physical.sources if s.array.uri not in sources_seen]
         if fresh:  # stored blocks are read once, by one task each, then kept for the job
+            load_seconds += _read_seconds(cost, profile, cluster)
             load.bytes_read += cost.bytes_read
             load.get_requests += cost.get_requests
             load.tasks += len({a for t in plan.physical.tasks for a in t.args if isinstance(a, SourceBlock)})
             sources_seen.update(s.array.uri for s in fresh)
         fit.runs += runs
+        fit_seconds += runs * _compute_seconds(cost, profile, cluster)
         fit.bytes_between_nodes += runs * cost.bytes_between_nodes
         fit.bytes_touched += runs * cost.bytes_touched
         fit.flops += runs * cost.flops
@@ -183,8 +215,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     connect = StageEstimate("connect", wall_seconds=profile.startup_seconds)
     shutdown = StageEstimate("shutdown", wall_seconds=profile.shutdown_seconds)
     stages = [connect, load, fit, write, shutdown]
-    for stage in (load, fit, write):
-        stage.wall_seconds = _seconds(stage, profile, cluster)
+    write.wall_seconds = _seconds(write, profile, cluster)
+    # load: block reads scheduled, plus requests and driver-side reads; fit: every run's
+    # tasks scheduled, plus moving data between nodes
+    load.wall_seconds = load_seconds + load.get_requests * profile.request_seconds / (
+        STORAGE_CONCURRENCY * cluster.nodes)
+    fit.wall_seconds = fit_seconds + fit.bytes_between_nodes / (profile.network_bytes_per_s * max(1, cluster.nodes))
     load.wall_seconds += profile.warmup_seconds + profile.run_overhead_seconds
     fit.wall_seconds += fit.runs * profile.run_overhead_seconds
     fit.peak_bytes_per_node = [max(p[i] for p in peaks) for i in range(len(peaks[0]))] if peaks else []

@@ -32,11 +32,11 @@ class MachineProfile:
     run_overhead_seconds: float = 0.02  # the driver's part of one program run (submit, fetch, account)
     # one core, by kind of work (planner.cost.WORK_KINDS); defaults measured on the shipped VM
     elementwise_per_s: float = 1.2e9  # elements through one numexpr operation (a * b), in cache
-    transcendental_per_s: float = 1.0e8  # elements through exp / log1p
-    contraction_bytes_per_s: float = 8e9  # operand bytes of matrix × vector (BLAS gemv)
-    contraction_flops_per_s: float = 1.5e10  # tall-skinny products (XᵀX, 64 columns)
-    einsum_flops_per_s: float = 5e9  # three-operand contractions (MTTKRP's)
-    qr_flops_per_s: float = 5e9  # LAPACK QR with Q formed, 2048 × 64 blocks
+    transcendental_per_s: float = 1.3e8  # elements through exp / log1p
+    contraction_bytes_per_s: float = 1.4e10  # operand bytes of matrix × vector (BLAS gemv)
+    contraction_flops_per_s: float = 5e10  # tall-skinny products (XᵀX, 64 columns)
+    einsum_flops_per_s: float = 2.4e10  # three-operand contractions (MTTKRP's)
+    qr_flops_per_s: float = 7e9  # LAPACK QR with Q formed, 2048 × 64 blocks
     measured_at: str = ""
     bucket: str = ""
 

@@ -209,6 +209,9 @@ class PlanCost:
     network_out_per_node: tuple[int, ...] = ()
     tasks_per_node: tuple[int, ...] = ()
     work: Mapping[str, float] = field(default_factory=dict)  # by kind, see WORK_KINDS
+    # per task, in plan order: (node, bytes touched, work by kind) — for a schedule's length
+    task_work: tuple[tuple[int, int, Mapping[str, float]], ...] = ()
+    block_reads: tuple[tuple[int, int], ...] = ()  # (node, bytes) of each stored block read
 
     @property
     def max_peak_bytes(self) -> int:
@@ -378,6 +381,8 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
             else:
                 load.reserve(node % nodes, nbytes)
     shape_of: dict[TaskResult, tuple[int, ...]] = {}
+    per_task: list[tuple[int, int, dict[str, float]]] = []
+    reads: list[tuple[int, int]] = []
     bytes_read = requests = 0
     work: Counter[str] = Counter()
     for i, task in enumerate(physical.tasks):
@@ -392,6 +397,7 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
                     bytes_read += load.block_bytes(arg)
                     requests += math.prod(math.ceil(s.stop / c) - s.start // c
                                           for s, c in zip(sel, source.array.chunks, strict=True))
+                    reads.append((node, load.block_bytes(arg)))
                     if homes is not None:
                         homes[key(arg)] = (node, load.block_bytes(arg))
             elif isinstance(arg, TaskResult):
@@ -400,13 +406,17 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
                 in_shapes.append(arg.shape)
         for p in range(task.num_outputs):
             shape_of[TaskResult(task.id, p)] = task.out_shapes[p] if task.out_shapes else ()
-        work.update(kernel_work(task.kernel, in_shapes))
+        task_work = kernel_work(task.kernel, in_shapes)
+        work.update(task_work)
+        before = load.work[node]
         load.run(task, node)
+        per_task.append((node, load.work[node] - before, dict(task_work)))
     return PlanCost(
         bytes_read=bytes_read, get_requests=requests, bytes_written=0, bytes_between_nodes=load.moved,
         bytes_touched=sum(load.work), peak_bytes_per_node=tuple(load.peak), flops=int(flops_of(work)),
         tasks=len(physical.tasks), network_in_per_node=tuple(load.net_in),
         network_out_per_node=tuple(load.net_out), tasks_per_node=tuple(load.tasks), work=dict(work),
+        task_work=tuple(per_task), block_reads=tuple(reads),
     )
 
 
