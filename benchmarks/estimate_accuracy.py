@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +46,7 @@ SIZES = {
 }
 SET = {"cp_als": ["--set", "params.max_iter=10"], "kmeans": ["--set", "params.max_iter=20"],
        "pagerank": ["--set", "params.max_iter=20"]}
+PAUSE_SECONDS = 5
 CONFIG_NAME = {"cp_als": "cp-als"}
 
 
@@ -96,6 +98,7 @@ def measure(algorithm: str, size: str, bucket: Path, cluster: tuple[str, int, Pa
         rows = SIZES[algorithm][size].split()
         on_cluster = [*on_cluster, "--set", f"params.n_nodes={rows[rows.index('--rows') + 1]}"]
         estimate_on = [*estimate_on, "--set", f"params.n_nodes={rows[rows.index('--rows') + 1]}"]
+    time.sleep(PAUSE_SECONDS)  # the previous job's Ray is still exiting: let it, as on an idle machine
     actual = _run([ARRAYJOB, "run", spec, "--overwrite", "--json", *SET.get(algorithm, []), *on_cluster], env)
     iterations = int(actual["result"].get("iterations", 1))
     estimate = _run([ARRAYJOB, "estimate", spec, "--format", "json", "--iterations", str(max(1, iterations)),

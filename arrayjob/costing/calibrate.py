@@ -118,6 +118,25 @@ def qr_rate(cols: int = 64) -> float:
     return _per_second(8 * qr_flops(SUB_ROWS, cols), lambda: [_qr(a) for _ in range(8)])
 
 
+def sparse_rates(nnz: int = 2**20) -> tuple[float, float, float]:
+    """(sort, sparse build, sparse product) rates: ``np.unique`` of random int64 keys
+    (m·log₂ m per second), a CSR matrix built from coordinates and multiplied by a vector
+    (nonzeros per second), as PageRank's graph kernels run them."""
+    import scipy.sparse
+
+    from arrayjob.planner.cost import sort_work
+
+    rng = np.random.default_rng(7)
+    n = nnz // 8
+    keys = rng.integers(0, n * n, nnz)
+    rows, cols = keys // n, keys % n
+    matrix = scipy.sparse.csr_matrix((np.ones(nnz), (rows, cols)), shape=(n, n))
+    x = np.ones(n)
+    return (_per_second(sort_work(nnz), lambda: np.unique(keys)),
+            _per_second(nnz, lambda: scipy.sparse.csr_matrix((np.ones(nnz), (rows, cols)), shape=(n, n))),
+            _per_second(matrix.nnz, lambda: matrix @ x))
+
+
 def load_rate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...]) -> float:
     """Bytes per second the workers of all nodes together read a Zarr array of ``bucket``
     into the object store, as a job's load stage does (one task per chunk-aligned block)."""
@@ -184,7 +203,8 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], f
         gemv, gram = contraction_rates()
         return {"memory_bytes_per_s": memory_rate(), "flops_per_s": flop_rate(), "elementwise_per_s": plain,
                 "transcendental_per_s": transcendental, "contraction_bytes_per_s": gemv,
-                "contraction_flops_per_s": gram, "einsum_flops_per_s": einsum_rate(), "qr_flops_per_s": qr_rate()}
+                "contraction_flops_per_s": gram, "einsum_flops_per_s": einsum_rate(), "qr_flops_per_s": qr_rate(),
+                **dict(zip(("sort_per_s", "sparse_build_per_s", "sparse_product_per_s"), sparse_rates(), strict=True))}
 
     @ray.remote
     def hello() -> None:

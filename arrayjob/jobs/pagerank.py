@@ -21,6 +21,7 @@ Cost: build, one pass over the edges (16E bytes) and one shuffle of them; per it
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,7 @@ import scipy.sparse
 from arrayjob import lazy as la
 from arrayjob.io.arrays import ArrayInfo, read_group_attrs, read_whole
 from arrayjob.jobs.base import Job, JobContext, JobResult, require
+from arrayjob.planner.cost import sort_work
 from arrayjob.planner.physical import Kernel
 
 
@@ -37,6 +39,30 @@ def _object_row(items: list[object]) -> np.ndarray:
     for i, item in enumerate(items):
         row[0, i] = item
     return row
+
+
+@dataclass(frozen=True)
+class GraphWork:
+    """The declared work (``planner.cost.WORK_KINDS``) of PageRank's block functions:
+    splitting a chunk of m edges sorts them by target block; building a block of Aᵀ sorts
+    its edges (``np.unique``) and fills a CSR matrix; scaling rebuilds it; the degree sum and
+    the iteration's SpMV read each nonzero once. Edges are taken to be spread evenly over
+    the target blocks."""
+
+    kind: str  # split | split_csr | build | scale | product
+    edges: float = 0.0  # per block of Aᵀ
+    rows: int = 0  # rows of the block (the iteration's update)
+
+    def __call__(self, shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+        if self.kind in ("split", "split_csr"):
+            m = shapes[0][0]  # edges in the chunk
+            searches = sort_work(m) if self.kind == "split_csr" else 0.0  # sources from indptr
+            return {"sort": sort_work(m) + searches, "elementwise": 6.0 * m}
+        if self.kind == "build":
+            return {"elementwise": 4.0 * self.edges, "sort": sort_work(self.edges), "sparse_build": self.edges}
+        if self.kind == "scale":
+            return {"sparse_build": self.edges}
+        return {"sparse_product": self.edges, "elementwise": 6.0 * self.rows}
 
 
 @dataclass(frozen=True)
@@ -187,12 +213,15 @@ class PageRank(Job):
             starts = la.value("chunk_starts", (chunks,), "int64")
             indptr = la.value("indptr", (n + 1,), "int64")
             (pieces,) = la.map_blocks(Kernel("split_csr_by_target", SplitCSR(n, block)), self._edges(), starts, indptr,
-                                      outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk, 1, None])
+                                      outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk, 1, None],
+                                      cost=GraphWork("split_csr"))
         else:
             (pieces,) = la.map_blocks(Kernel("split_by_target", SplitByTarget(n, block)), self._edges(),
-                                      outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk])
+                                      outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk],
+                                      cost=GraphWork("split"))
         (graph,) = la.map_blocks(Kernel("build_csr_block", BuildBlock(n, block)), la.transpose(pieces),
-                                 outputs=[((blocks, 1), "object", 1)], block_rows=[1])
+                                 outputs=[((blocks, 1), "object", 1)], block_rows=[1],
+                                 cost=GraphWork("build", self._edges_per_block(blocks)))
         return {"graph": graph}, block
 
     def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
@@ -211,17 +240,21 @@ class PageRank(Job):
         return [(self._id_range_program(), 1), (build, 1), (self._degree_program(kept, n), 1),
                 (self._scale_program(kept, n), 1), (self.program(workers), iterations)]
 
-    @staticmethod
-    def _degree_program(graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
+    def _edges_per_block(self, blocks: int) -> float:
+        """Edges in one block of Aᵀ, for the cost model: spread evenly over the blocks."""
+        return self._edge_array.shape[0] / max(1, blocks)
+
+    def _degree_program(self, graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
         (degree_parts,) = la.map_blocks(Kernel("out_degree", out_degree), graph,
-                                        outputs=[((graph.shape[0], n), "float64", 1)], block_rows=[1])
+                                        outputs=[((graph.shape[0], n), "float64", 1)], block_rows=[1],
+                                        cost=GraphWork("product", self._edges_per_block(graph.shape[0])))
         return {"d": degree_parts.sum(axis=0)}
 
-    @staticmethod
-    def _scale_program(graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
+    def _scale_program(self, graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
         (scaled,) = la.map_blocks(Kernel("scale_by_out_degree", scale_block), graph,
                                   la.value("inverse_degree", (n,)), la.value("dangling", (n,), "bool"),
-                                  outputs=[(graph.shape, "object", 1)], block_rows=[1, None, None])
+                                  outputs=[(graph.shape, "object", 1)], block_rows=[1, None, None],
+                                  cost=GraphWork("scale", self._edges_per_block(graph.shape[0])))
         return {"graph": scaled}
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
@@ -237,7 +270,8 @@ class PageRank(Job):
         rank, stats = la.map_blocks(Kernel("pagerank_step", PageRankStep(self.params.damping)), graph,
                                     la.value("rank", (n,)), la.value("base", ()),
                                     outputs=[((n,), "float64", block), ((blocks, 2), "float64", 1)],
-                                    block_rows=[1, None, None])
+                                    block_rows=[1, None, None],
+                                    cost=GraphWork("product", self._edges_per_block(blocks), block))
         return {"rank": rank, "stats": stats.sum(axis=0)}  # stats: [L1 change, dangling mass]
 
     def run(self, ctx: JobContext) -> JobResult:

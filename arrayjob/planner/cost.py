@@ -282,12 +282,20 @@ WORK_KINDS = {
     "contraction_flops": "flops of compute-bound two-operand contractions (BLAS, tall-skinny products)",
     "einsum_flops": "flops (2 × the product of all label sizes) of contractions of three or more operands",
     "qr_flops": "flops of LAPACK QR with Q formed (4mn² − 4n³/3 for an m × n block)",
+    "sort": "m·log₂(m) for each sort of m keys (argsort, unique)",
+    "sparse_build": "nonzeros put into a SciPy CSR matrix (from coordinates, or rescaled)",
+    "sparse_product": "nonzeros through a SciPy CSR product with a vector, or a sum over it",
 }
 TRANSCENDENTAL = {"exp": 1, "log": 1, "log1p": 1, "expm1": 1, "tanh": 1, "sigmoid": 1, "erf": 1,
                   "logaddexp": 2, "power": 1, "sin": 1, "cos": 1}
 # Below this many flops per operand byte a two-operand contraction streams its operands
 # (matrix × vector, 0.25 flop/byte); above it BLAS is compute-bound (XᵀX with 64 columns: 16).
 MEMORY_BOUND_FLOPS_PER_BYTE = 1.0
+
+
+def sort_work(m: float) -> float:
+    """The ``sort`` work of sorting ``m`` keys."""
+    return m * math.log2(m) if m > 1 else 0.0
 
 
 def qr_flops(m: int, n: int) -> float:
