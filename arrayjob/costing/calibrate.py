@@ -4,9 +4,10 @@ Compute rates are measured inside Ray tasks (one thread each, as the job's kerne
 one per kind of work the cost model counts (``planner.cost.WORK_KINDS``), each on the
 operation the kernels really run for it: numexpr expressions over a cache-sized row chunk
 (``blockprogram.CHUNK_BYTES``), ``kernels.evaluate`` for contractions, ``jobs.tsqr``'s
-LAPACK QR on its sub-blocks. The read rate is the block-load path itself (workers read a
-Zarr array of the bucket into the object store); write rate and request latency are
-measured from the driver. Everything written to the bucket is removed afterwards.
+LAPACK QR on its sub-blocks. Read and write rates are the block paths themselves (workers
+read a Zarr array of the bucket into the object store, and write it back with
+``lazy.store``); request latency is measured from the driver. Everything written to the
+bucket is removed afterwards.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import numpy as np
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.storage import Location, StorageOptions, filesystem
 
-OBJECT_BYTES = 16 * 2**20
-OBJECTS = 8
-LOAD_BLOCKS = 32  # 512 MiB read by the workers
+OBJECT_BYTES = 16 * 2**20  # one chunk of the calibration array
+LOAD_BLOCKS = 32  # 512 MiB read and written by the workers
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
@@ -98,15 +98,20 @@ def contraction_rates(cols: int = 64) -> tuple[float, float]:
 
 
 def einsum_rate() -> float:
-    """Flops/s (2 × the product of the label sizes) of a three-operand contraction, MTTKRP's
-    ``ijk,jf,kf->if`` on a 16 MiB block of a tensor, as a kernel step runs it."""
+    """Flops/s (2 × the product of the label sizes) of a three-operand contraction: MTTKRP
+    of each mode (``ijk,jf,kf->if`` and the others) on a 16 MiB block of a tensor, as a
+    kernel step runs it."""
     from arrayjob.planner.kernels import Step, evaluate
 
     rng = np.random.default_rng(5)
     i, j, k, f = 8, 512, 512, 16
     x, b, c = rng.standard_normal((i, j, k)), rng.standard_normal((j, f)), rng.standard_normal((k, f))
-    step = Step("einsum", ("ijk,jf,kf->if",), (0, 1, 2), "float64")
-    return _per_second(2.0 * i * j * k * f, lambda: evaluate(step, [x, b, c]))
+    a = rng.standard_normal((i, f))
+    modes = [(Step("einsum", ("ijk,jf,kf->if",), (0, 1, 2), "float64"), [x, b, c]),
+             (Step("einsum", ("ijk,if,kf->jf",), (0, 1, 2), "float64"), [x, a, c]),
+             (Step("einsum", ("ijk,if,jf->kf",), (0, 1, 2), "float64"), [x, a, b])]
+    seconds = sum(_median_seconds(lambda s=s, v=v: evaluate(s, v)) for s, v in modes)
+    return 3 * 2.0 * i * j * k * f / seconds
 
 
 def qr_rate(cols: int = 64) -> float:
@@ -118,10 +123,10 @@ def qr_rate(cols: int = 64) -> float:
     return _per_second(8 * qr_flops(SUB_ROWS, cols), lambda: [_qr(a) for _ in range(8)])
 
 
-def sparse_rates(nnz: int = 2**20) -> tuple[float, float, float]:
-    """(sort, sparse build, sparse product) rates: ``np.unique`` of random int64 keys
-    (m·log₂ m per second), a CSR matrix built from coordinates and multiplied by a vector
-    (nonzeros per second), as PageRank's graph kernels run them."""
+def sparse_rates(nnz: int = 2**22) -> tuple[float, float, float]:
+    """(sort, sparse build, sparse product) rates: ``np.argsort`` and ``np.unique`` of
+    random int64 keys (m·log₂ m per second), a CSR matrix built from coordinates and
+    multiplied by a vector (nonzeros per second), as PageRank's graph kernels run them."""
     import scipy.sparse
 
     from arrayjob.planner.cost import sort_work
@@ -132,14 +137,17 @@ def sparse_rates(nnz: int = 2**20) -> tuple[float, float, float]:
     rows, cols = keys // n, keys % n
     matrix = scipy.sparse.csr_matrix((np.ones(nnz), (rows, cols)), shape=(n, n))
     x = np.ones(n)
-    return (_per_second(sort_work(nnz), lambda: np.unique(keys)),
+    sort = 2 * sort_work(nnz) / (_median_seconds(lambda: np.argsort(keys, kind="stable"))
+                                 + _median_seconds(lambda: np.unique(keys)))
+    return (sort,
             _per_second(nnz, lambda: scipy.sparse.csr_matrix((np.ones(nnz), (rows, cols)), shape=(n, n))),
             _per_second(matrix.nnz, lambda: matrix @ x))
 
 
-def load_rate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...]) -> float:
-    """Bytes per second the workers of all nodes together read a Zarr array of ``bucket``
-    into the object store, as a job's load stage does (one task per chunk-aligned block)."""
+def block_rates(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...]) -> tuple[float, float]:
+    """(read, write) bytes per second of the workers of all nodes together moving a Zarr
+    array of ``bucket`` into the object store and back out, as a job's load stage and its
+    worker-written outputs (``lazy.store``) do: one task per chunk-aligned block."""
     from arrayjob import lazy as la
     from arrayjob.io.arrays import create_array, open_array_info
     from arrayjob.planner.plan import ClusterShape, PlanOptions
@@ -148,48 +156,47 @@ def load_rate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ..
 
     location = bucket.join(f"_arrayjob_calibrate-load-{uuid.uuid4().hex[:8]}")
     rows, cols = LOAD_BLOCKS * OBJECT_BYTES // (8 * 64), 64
+    chunks = (rows // LOAD_BLOCKS, cols)
     try:
-        array = create_array(location, options, shape=(rows, cols), chunks=(rows // LOAD_BLOCKS, cols), dtype="float64")
-        block = np.random.default_rng(1).standard_normal((rows // LOAD_BLOCKS, cols))
+        array = create_array(location.join("in"), options, shape=(rows, cols), chunks=chunks, dtype="float64")
+        block = np.random.default_rng(1).standard_normal(chunks)
         for i in range(LOAD_BLOCKS):
             array[i * block.shape[0]: (i + 1) * block.shape[0]] = block
-        info = open_array_info("calibrate", location, options)
-        seconds = []
-        for _ in range(3):
+        info = open_array_info("calibrate", location.join("in"), options)
+        reads, writes = [], []
+        for i in range(3):
             session = Session(RayExecutor(options, node_ids),
                               PlanOptions(cluster=ClusterShape(nodes=max(1, len(node_ids)))))
+            x = la.from_zarr(info)
             start = time.perf_counter()
-            session.load({"s": la.from_zarr(info).sum()})
-            seconds.append(time.perf_counter() - start)
+            session.load({"s": x.sum()})
+            reads.append(time.perf_counter() - start)
+            create_array(location.join(f"out{i}"), options, shape=(rows, cols), chunks=chunks, dtype="float64")
+            target = open_array_info("calibrate", location.join(f"out{i}"), options)
+            start = time.perf_counter()
+            session.compute({"written": la.store(x, target, options)})
+            writes.append(time.perf_counter() - start)
             del session
-        return rows * cols * 8 / statistics.median(seconds)
+        nbytes = rows * cols * 8
+        return nbytes / statistics.median(reads), nbytes / statistics.median(writes)
     finally:
         filesystem(bucket.scheme, options).rm(location.path, recursive=True)
 
 
-def storage_rates(bucket: Location, options: StorageOptions) -> tuple[float, float, float]:
-    """(read bytes/s, write bytes/s, seconds per small GET) against ``bucket``."""
+def request_seconds(bucket: Location, options: StorageOptions) -> float:
+    """Seconds per small GET against ``bucket`` (median of 20)."""
     fs = filesystem(bucket.scheme, options)
-    prefix = bucket.join(f"_arrayjob_calibrate-{uuid.uuid4().hex[:8]}")
-    payload = np.random.default_rng(1).bytes(OBJECT_BYTES)
-    paths = [prefix.join(f"object-{i}").path for i in range(OBJECTS)]
+    small = bucket.join(f"_arrayjob_calibrate-{uuid.uuid4().hex[:8]}").path
     try:
-        start = time.perf_counter()
-        fs.pipe({p: payload for p in paths})  # concurrent PUTs on S3
-        write = OBJECTS * OBJECT_BYTES / (time.perf_counter() - start)
-        start = time.perf_counter()
-        fs.cat(paths)  # concurrent GETs on S3
-        read = OBJECTS * OBJECT_BYTES / (time.perf_counter() - start)
-        small = prefix.join("small").path
         fs.pipe_file(small, b"x")
         latencies = []
         for _ in range(20):
             t = time.perf_counter()
             fs.cat_file(small)
             latencies.append(time.perf_counter() - t)
-        return read, write, statistics.median(latencies)
+        return statistics.median(latencies)
     finally:
-        fs.rm(prefix.path, recursive=True)
+        fs.rm(small)
 
 
 def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], float, float, float]:
@@ -286,9 +293,9 @@ def run_overhead(node_ids: tuple[str, ...], options: StorageOptions) -> float:
 def calibrate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...], cpus: int,
               startup: float, shutdown: float) -> MachineProfile:
     """Everything but Ray's start and stop times, which the caller measures around its cluster."""
-    _, write, latency = storage_rates(bucket, options)
+    latency = request_seconds(bucket, options)
     compute, overhead, network, warmup = ray_rates(node_ids, cpus)
-    read = load_rate(bucket, options, node_ids) / max(1, len(node_ids))  # the profile's rates are per node
+    read, write = (rate / max(1, len(node_ids)) for rate in block_rates(bucket, options, node_ids))  # per node
     return MachineProfile(
         name=f"measured ({len(node_ids)} node(s), {cpus} CPUs)", **compute, storage_read_bytes_per_s=read,
         storage_write_bytes_per_s=write, request_seconds=latency, task_overhead_seconds=overhead,

@@ -22,7 +22,7 @@ class MachineProfile:
     memory_bytes_per_s: float  # one core streaming through memory
     flops_per_s: float  # one core, float64 GEMM (square); the rate of work kinds without their own
     storage_read_bytes_per_s: float  # one node's workers reading blocks into the object store
-    storage_write_bytes_per_s: float
+    storage_write_bytes_per_s: float  # one node's workers writing blocks into the bucket (lazy.store)
     request_seconds: float  # latency of one small GET
     task_overhead_seconds: float  # Ray, per task
     network_bytes_per_s: float  # between nodes (memory rate on one node)
