@@ -37,7 +37,8 @@ class MachineProfile:
     contraction_flops_per_s: float = 5e10  # tall-skinny products (XᵀX, 64 columns)
     einsum_flops_per_s: float = 2.4e10  # three-operand contractions (MTTKRP's)
     qr_flops_per_s: float = 7e9  # LAPACK QR with Q formed, 2048 × 64 blocks
-    sort_per_s: float = 3e8  # m·log₂ m per second, np.unique of 2^20 int64 keys
+    sort_per_s: float = 7e8  # m·log₂ m per second, stable np.argsort of 2^22 block ids
+    unique_per_s: float = 2.3e7  # m·log₂ m per second, np.unique of 2^22 int64 keys
     sparse_build_per_s: float = 2e7  # nonzeros per second into a CSR matrix from coordinates
     sparse_product_per_s: float = 2e8  # nonzeros per second of a CSR matrix × vector
     measured_at: str = ""

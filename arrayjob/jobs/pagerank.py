@@ -44,8 +44,8 @@ def _object_row(items: list[object]) -> np.ndarray:
 @dataclass(frozen=True)
 class GraphWork:
     """The declared work (``planner.cost.WORK_KINDS``) of PageRank's block functions:
-    splitting a chunk of m edges sorts them by target block; building a block of Aᵀ sorts
-    its edges (``np.unique``) and fills a CSR matrix; scaling rebuilds it; the degree sum and
+    splitting a chunk of m edges argsorts them by target block; building a block of Aᵀ
+    takes its distinct edges (``np.unique``) and fills a CSR matrix; scaling rebuilds it; the degree sum and
     the iteration's SpMV read each nonzero once. Edges are taken to be spread evenly over
     the target blocks."""
 
@@ -59,7 +59,7 @@ class GraphWork:
             searches = sort_work(m) if self.kind == "split_csr" else 0.0  # sources from indptr
             return {"sort": sort_work(m) + searches, "elementwise": 6.0 * m}
         if self.kind == "build":
-            return {"elementwise": 4.0 * self.edges, "sort": sort_work(self.edges), "sparse_build": self.edges}
+            return {"elementwise": 4.0 * self.edges, "unique": sort_work(self.edges), "sparse_build": self.edges}
         if self.kind == "scale":
             return {"sparse_build": self.edges}
         return {"sparse_product": self.edges, "elementwise": 6.0 * self.rows}
