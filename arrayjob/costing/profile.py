@@ -40,7 +40,8 @@ class MachineProfile:
     sort_per_s: float = 7e8  # m·log₂ m per second, stable np.argsort of 2^22 block ids
     unique_per_s: float = 2.3e7  # m·log₂ m per second, np.unique of 2^22 int64 keys
     sparse_build_per_s: float = 2e7  # nonzeros per second into a CSR matrix from coordinates
-    sparse_product_per_s: float = 2e8  # nonzeros per second of a CSR matrix × vector
+    sparse_product_per_s: float = 5e8  # nonzeros per second of a CSR matrix × vector
+    result_bytes_per_s: float = 1e9  # a task's fresh 128 MiB result into the object store
     measured_at: str = ""
     bucket: str = ""
 

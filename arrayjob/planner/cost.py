@@ -286,12 +286,16 @@ WORK_KINDS = {
     "unique": "m·log₂(m) for each np.unique of m keys (it sorts; at 10M keys about 30 times slower than argsort)",
     "sparse_build": "nonzeros put into a SciPy CSR matrix (from coordinates, or rescaled)",
     "sparse_product": "nonzeros through a SciPy CSR product with a vector, or a sum over it",
+    "result_bytes": "bytes of task results big enough for Ray's object store (fresh memory, page faults)",
 }
 TRANSCENDENTAL = {"exp": 1, "log": 1, "log1p": 1, "expm1": 1, "tanh": 1, "sigmoid": 1, "erf": 1,
                   "logaddexp": 2, "power": 1, "sin": 1, "cos": 1}
 # Below this many flops per operand byte a two-operand contraction streams its operands
 # (matrix × vector, 0.25 flop/byte); above it BLAS is compute-bound (XᵀX with 64 columns: 16).
 MEMORY_BOUND_FLOPS_PER_BYTE = 1.0
+# Ray returns results smaller than this inline with the task's reply (its
+# max_direct_call_object_size); bigger ones are written into fresh object-store memory.
+INLINE_RESULT_BYTES = 100 * 1024
 
 
 def sort_work(m: float) -> float:
@@ -416,6 +420,9 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
         for p in range(task.num_outputs):
             shape_of[TaskResult(task.id, p)] = task.out_shapes[p] if task.out_shapes else ()
         task_work = kernel_work(task.kernel, in_shapes)
+        stored = sum(b for b in task.out_bytes if b >= INLINE_RESULT_BYTES)
+        if stored:
+            task_work["result_bytes"] += stored
         work.update(task_work)
         before = load.work[node]
         load.run(task, node)
