@@ -152,3 +152,9 @@ def test_stored_blocks_stay_where_an_earlier_program_read_them(X):
     moved = physical_cost(plan.physical, 3, on_node_0).bytes_between_nodes
     away = {a for t in plan.physical.tasks if t.node % 3 != 0 for a in t.args if isinstance(a, SourceBlock)}
     assert moved >= len(away) * ROWS // 4 * COLS * 8 > 0
+
+
+def test_results_big_enough_for_the_object_store_are_priced_as_fresh_memory(X):
+    # a row-block result of 10,000 × 16 floats (1.28 MB) goes to the object store; a sum does not
+    assert _cost(X * 2.0).work["result_bytes"] == ROWS * COLS * 8
+    assert "result_bytes" not in _cost((X * 2.0).sum()).work
