@@ -35,13 +35,13 @@ class MachineProfile:
     transcendental_per_s: float = 1.3e8  # elements through exp / log1p
     contraction_bytes_per_s: float = 1.4e10  # operand bytes of matrix × vector (BLAS gemv)
     contraction_flops_per_s: float = 5e10  # tall-skinny products (XᵀX, 64 columns)
-    einsum_flops_per_s: float = 2.4e10  # three-operand contractions (MTTKRP's)
-    qr_flops_per_s: float = 7e9  # LAPACK QR with Q formed, 2048 × 64 blocks
+    einsum_flops_per_s: float = 6e9  # three-operand contractions (MTTKRP's three modes)
+    qr_flops_per_s: float = 5.5e9  # jobs.tsqr.qr_block on a 65,536 × 64 block
     sort_per_s: float = 7e8  # m·log₂ m per second, stable np.argsort of 2^22 block ids
-    unique_per_s: float = 2.3e7  # m·log₂ m per second, np.unique of 2^22 int64 keys
-    sparse_build_per_s: float = 2e7  # nonzeros per second into a CSR matrix from coordinates
+    unique_per_s: float = 2.6e7  # m·log₂ m per second, np.unique of 2^22 int64 keys
+    sparse_build_per_s: float = 2.6e7  # nonzeros per second into a CSR matrix from coordinates
     sparse_product_per_s: float = 5e8  # nonzeros per second of a CSR matrix × vector
-    result_bytes_per_s: float = 1e9  # a task's fresh 128 MiB result into the object store
+    result_bytes_per_s: float = 9e8  # a task's fresh 128 MiB result into the object store
     measured_at: str = ""
     bucket: str = ""
 
