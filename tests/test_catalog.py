@@ -45,11 +45,21 @@ def run_job(algorithm, arrays, result=None, **params):
     return job.run(JobContext(session, executor.metrics, StorageOptions(), result))
 
 
+def conditioned(shape, cond, seed=6):
+    """A random matrix with singular values spread evenly in log scale from 1 to 1/cond."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal(shape))
+    V, _ = np.linalg.qr(rng.standard_normal((shape[1], shape[1])))
+    return (U * np.logspace(0, -np.log10(cond), shape[1])) @ V.T
+
+
+@pytest.mark.parametrize("method", ["auto", "householder"])
 @pytest.mark.parametrize("shape,chunk", [((20000, 12), 1500), ((5000, 40), 64), ((300, 30), 300)])
-def test_tsqr_invariants_and_numpy(put, tmp_path, shape, chunk):
+def test_tsqr_invariants_and_numpy(put, tmp_path, shape, chunk, method):
     A = np.random.default_rng(6).standard_normal(shape)
     group = ResultGroup(parse_uri(str(tmp_path / "result.zarr")), StorageOptions())
-    r = run_job("tsqr", {"A": put("A", A, (chunk, shape[1]))}, result=group)
+    r = run_job("tsqr", {"A": put("A", A, (chunk, shape[1]))}, result=group, method=method)
+    assert ("CholeskyQR2" in r.summary[0]) == (method == "auto")
     stored = zarr.open_group(str(tmp_path / "result.zarr"), mode="r")["Q"]
     assert stored.chunks == (chunk, shape[1])  # Q is chunked like A
     Q, R = stored[:], r.arrays["R"]
@@ -57,6 +67,20 @@ def test_tsqr_invariants_and_numpy(put, tmp_path, shape, chunk):
     assert np.linalg.norm(Q.T @ Q - np.eye(shape[1])) <= 1e-12
     np.testing.assert_array_equal(R, np.triu(R))
     np.testing.assert_allclose(np.abs(R), np.abs(np.linalg.qr(A)[1]), rtol=1e-10, atol=1e-10 * np.abs(R).max())
+
+
+@pytest.mark.parametrize("cond,how", [(1e5, "CholeskyQR2"), (1e9, "Householder TSQR (cond(A) above"),
+                                      (np.inf, "Householder TSQR (cond(A) above")])
+def test_tsqr_falls_back_to_householder_when_cholesky_qr2_would_lose_orthogonality(put, tmp_path, cond, how):
+    A = conditioned((6000, 16), cond if np.isfinite(cond) else 1.0)
+    if not np.isfinite(cond):
+        A[:, 3] = A[:, 5]  # rank-deficient: the Gram is singular
+    group = ResultGroup(parse_uri(str(tmp_path / "result.zarr")), StorageOptions())
+    r = run_job("tsqr", {"A": put("A", A, (1000, 16))}, result=group)
+    assert r.summary[0].split(" by ", 1)[1].startswith(how)
+    Q, R = zarr.open_group(str(tmp_path / "result.zarr"), mode="r")["Q"][:], r.arrays["R"]
+    assert np.linalg.norm(Q @ R - A) / np.linalg.norm(A) <= 1e-13
+    assert np.linalg.norm(Q.T @ Q - np.eye(16)) <= 1e-12
 
 
 @pytest.mark.parametrize("method", ["tsqr", "normal"])

@@ -13,7 +13,7 @@ from arrayjob.costing.estimate import _compute_seconds
 from arrayjob.costing.profile import SHIPPED, MachineProfile, load_profile
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.storage import StorageOptions, parse_uri
-from arrayjob.jobs.tsqr import SUB_ROWS, tsqr_program
+from arrayjob.jobs.tsqr import SUB_ROWS, cholesky_qr2_program, gram_program, tsqr_program
 from arrayjob.planner.cost import WORK_KINDS, kernel_work, qr_flops
 from arrayjob.planner.physical import Kernel
 from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
@@ -88,6 +88,16 @@ def test_map_blocks_declares_its_cost(X):
     assert kernel_work(Kernel("f", np.copy), [(10, 3)]) == {"elementwise": 30}
     declared = Kernel("f", np.copy, cost=lambda shapes: {"qr_flops": 7.0})
     assert kernel_work(declared, [(10, 3)]) == {"qr_flops": 7.0}
+
+
+def test_cholesky_qr2_is_priced_as_gram_products_and_triangular_solves(X):
+    first = _cost(gram_program(X, ROWS // 4)).work
+    q, r2 = cholesky_qr2_program(X, la.value("R1", (COLS, COLS)), ROWS // 4)
+    rest = _cost(q, r2).work
+    assert first["contraction_flops"] == 2 * ROWS * COLS * COLS  # AᵀA
+    assert rest["contraction_flops"] == 2 * ROWS * COLS * COLS  # Q₁ᵀQ₁
+    assert rest["triangular_solve_flops"] == 3 * ROWS * COLS * COLS  # A R₁⁻¹; then again, and Q₁ R₂⁻¹
+    assert "qr_flops" not in first and "qr_flops" not in rest
 
 
 def test_qr_time_follows_the_qr_rate(X):

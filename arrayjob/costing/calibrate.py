@@ -124,6 +124,16 @@ def qr_rate(cols: int = 64, rows: int = 2**16) -> float:
     return _per_second(qr_block_cost([a.shape])["qr_flops"], lambda: qr_block(a))
 
 
+def triangular_solve_rate(cols: int = 64, rows: int = 2**17) -> float:
+    """Flops/s (mn²) of CholeskyQR2's triangular solve (``jobs.tsqr.solve_block``, BLAS
+    trsm) on a ``rows`` × ``cols`` block."""
+    from arrayjob.jobs.tsqr import solve_block, solve_cost
+
+    a = np.random.default_rng(7).standard_normal((rows, cols))
+    r = np.linalg.cholesky(a.T @ a).T.copy()
+    return _per_second(solve_cost([a.shape])["triangular_solve_flops"], lambda: solve_block(a, r))
+
+
 def sparse_rates(nnz: int = 2**22) -> tuple[float, float, float, float]:
     """(sort, unique, sparse build, sparse product) rates: stable ``np.argsort`` of block
     ids and ``np.unique`` of random int64 keys (m·log₂ m per second), a CSR matrix built from
@@ -213,6 +223,7 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], f
         return {"memory_bytes_per_s": memory_rate(), "flops_per_s": flop_rate(), "elementwise_per_s": plain,
                 "transcendental_per_s": transcendental, "contraction_bytes_per_s": gemv,
                 "contraction_flops_per_s": gram, "einsum_flops_per_s": einsum_rate(), "qr_flops_per_s": qr_rate(),
+                "triangular_solve_flops_per_s": triangular_solve_rate(),
                 **dict(zip(("sort_per_s", "unique_per_s", "sparse_build_per_s", "sparse_product_per_s"),
                            sparse_rates(), strict=True))}
 

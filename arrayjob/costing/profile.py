@@ -37,6 +37,7 @@ class MachineProfile:
     contraction_flops_per_s: float = 5e10  # tall-skinny products (XᵀX, 64 columns)
     einsum_flops_per_s: float = 6e9  # three-operand contractions (MTTKRP's three modes)
     qr_flops_per_s: float = 5.5e9  # jobs.tsqr.qr_block on a 65,536 × 64 block
+    triangular_solve_flops_per_s: float = 1.2e10  # jobs.tsqr.solve_block (trsm) on a 131,072 × 64 block
     sort_per_s: float = 7e8  # m·log₂ m per second, stable np.argsort of 2^22 block ids
     unique_per_s: float = 2.6e7  # m·log₂ m per second, np.unique of 2^22 int64 keys
     sparse_build_per_s: float = 2.6e7  # nonzeros per second into a CSR matrix from coordinates

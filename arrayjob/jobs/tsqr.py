@@ -1,17 +1,34 @@
-"""TSQR: the QR factorisation of a tall-and-skinny matrix, A = QR (n ≫ d).
+"""QR of a tall-and-skinny matrix, A = QR (n ≫ d): CholeskyQR2 when A is well conditioned,
+Householder TSQR otherwise.
 
-Direct TSQR (Benson, Gleich & Demmel, "Direct QR factorizations for tall-and-skinny
-matrices in MapReduce architectures", 2013): each row block A_i = Q_i R_i; the stacked
-R_i are factored once more, [R_1; …; R_B] = Q₂ R; and Q's block i is Q_i Q₂[i]. Q is
-written by the workers into ``result.zarr/Q`` with A's row chunking; R comes back to the
-driver. Within a task, LAPACK's QR runs on sub-blocks of ``SUB_ROWS`` rows (measured:
-on 2 cores, QR of 64 columns streams 0.23 GB/s at 1–4k rows but 0.09 GB/s at 65k), so
-each block is itself a small TSQR.
+``method = "auto"`` (default): CholeskyQR2 (Fukaya, Nakatsukasa, Yanagisawa & Yamamoto,
+"CholeskyQR2: a simple and communication-avoiding algorithm for computing a tall-skinny
+QR factorization", 2014). One pass sums the blocks' Grams AᵢᵀAᵢ; the driver factors
+G = R₁ᵀR₁ (Cholesky) and checks cond(R₁) <= ``COND_LIMIT``. A second pass sums the Grams
+of Q₁ = A R₁⁻¹ (BLAS trsm), G₂ = R₂ᵀR₂; a third forms Q = Q₁ R₂⁻¹ (Q₁ again, not kept),
+and R = R₂R₁.
+All of it is level-3 BLAS (measured on one core, a 500,000 × 64 block: 0.58 s against
+1.55 s for the Householder block QR below), and Q is orthogonal to machine precision while
+cond(A) stays well below u^(-1/2) ≈ 7·10⁷ — the limit of 10⁶ leaves a margin of 60. When
+the Cholesky fails or cond(R₁) is above the limit, the run falls back to Householder.
 
-Cost: reads A once (8nd bytes), about 4nd² flops of LAPACK QR (R and the sub-blocks'
-Q; ``qr_block_cost``) and 2nd² of BLAS to form Q, writes Q
-(8nd bytes), moves B·d² floats for the stacked R and back. Memory per task: one block
-of A and its Q.
+``method = "householder"``, and the fallback: direct TSQR (Benson, Gleich & Demmel,
+"Direct QR factorizations for tall-and-skinny matrices in MapReduce architectures",
+2013): each row block A_i = Q_i R_i; the stacked R_i are factored once more,
+[R_1; …; R_B] = Q₂ R; and Q's block i is Q_i Q₂[i]. Within a task, LAPACK's QR runs on
+sub-blocks of ``SUB_ROWS`` rows (measured: on 2 cores, QR of 64 columns streams 0.23 GB/s
+at 1–4k rows but 0.09 GB/s at 65k), so each block is itself a small TSQR. Backward stable
+for any A, including rank-deficient ones.
+
+Either way Q is written by the workers into ``result.zarr/Q`` with A's row chunking, and
+R comes back to the driver.
+
+Cost: CholeskyQR2 reads A once (8nd bytes; the blocks stay in memory for its passes),
+does 4nd² flops of Gram products (``contraction_flops``) and 3nd² of triangular solves
+(``triangular_solve_flops``), writes Q (8nd bytes) and moves 2·B·d² floats of Grams.
+Householder does about 4nd² flops of LAPACK QR (``qr_block_cost``) and 2nd² of BLAS to
+form Q, and moves B·d² floats for the stacked R and back. Memory per task: one block of
+A and its Q.
 """
 
 from __future__ import annotations
@@ -19,8 +36,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+from scipy.linalg.blas import dtrsm
 
 from arrayjob import lazy as la
 from arrayjob.io.storage import StorageCounters
@@ -30,6 +49,8 @@ from arrayjob.planner.physical import Kernel
 from arrayjob.planner.tiling import row_grid
 
 SUB_ROWS = 2048
+COND_LIMIT = 1e6  # CholeskyQR2 only below this cond(R₁) = cond(A) (its limit is about 7·10⁷)
+R1 = "tsqr-R1"  # the name the first factor is bound to in the second pass
 
 
 def _qr(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,10 +105,76 @@ def times_block(q: np.ndarray, q2: np.ndarray) -> np.ndarray:
     return q @ q2
 
 
+def gram_block(a: np.ndarray) -> np.ndarray:
+    """AᵢᵀAᵢ (NumPy runs ``a.T @ a`` as BLAS syrk)."""
+    a = np.asarray(a, dtype=np.float64)
+    return a.T @ a
+
+
+def solve_block(a: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """a R⁻¹ for upper-triangular r: BLAS trsm on aᵀ, which is a's rows seen in Fortran
+    order, so nothing is copied or transposed in memory."""
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    return dtrsm(1.0, r, a.T, side=0, lower=0, trans_a=1).T
+
+
+def solved_gram_block(a: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Q₁ᵢᵀQ₁ᵢ for Q₁ᵢ = Aᵢ R₁⁻¹; Q₁ᵢ itself is dropped (recomputing it in the last pass costs
+    less than keeping a second copy of A in the object store)."""
+    q = solve_block(a, r)
+    return q.T @ q
+
+
+def solve_twice_block(a: np.ndarray, r1: np.ndarray, r2: np.ndarray) -> np.ndarray:
+    """Qᵢ = (Aᵢ R₁⁻¹) R₂⁻¹ — two solves in sequence, as CholeskyQR2's accuracy needs
+    (Aᵢ (R₂R₁)⁻¹ in one solve leaves Q orthogonal only to u·cond(A))."""
+    return solve_block(solve_block(a, r1), r2)
+
+
+def cholesky_upper(gram: np.ndarray) -> np.ndarray | None:
+    """Upper-triangular R with RᵀR = gram and positive diagonal, or None when the Cholesky
+    fails or cond(R) exceeds ``COND_LIMIT`` (CholeskyQR2 would lose orthogonality)."""
+    try:
+        r = np.ascontiguousarray(np.linalg.cholesky(gram).T)
+    except np.linalg.LinAlgError:
+        return None
+    if not np.all(np.isfinite(r)) or np.linalg.cond(r) > COND_LIMIT:
+        return None
+    return r
+
+
+def cholesky_of_stack(gram_stack: np.ndarray) -> np.ndarray:
+    """R₂ from the stacked Grams of Q₁ (near the identity once the first pass passed its check)."""
+    d = gram_stack.shape[1]
+    return np.ascontiguousarray(np.linalg.cholesky(gram_stack.reshape(-1, d, d).sum(axis=0)).T)
+
+
+def gram_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    rows, d = shapes[0]
+    return {"contraction_flops": 2.0 * rows * d * d}
+
+
+def solve_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    rows, d = shapes[0]
+    return {"triangular_solve_flops": float(rows * d * d)}
+
+
+def solved_gram_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    return {**solve_cost(shapes), **gram_cost(shapes)}
+
+
+def solve_twice_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    return {"triangular_solve_flops": 2 * solve_cost(shapes)["triangular_solve_flops"]}
+
+
 QR_BLOCK = Kernel("qr_block", qr_block)
 R_OF_BLOCK = Kernel("r_of_block", r_of_block)
 QR_OF_STACK = Kernel("qr_of_stack", qr_of_stack)
 TIMES_BLOCK = Kernel("q_times_q2", times_block)
+GRAM_BLOCK = Kernel("gram_block", gram_block)
+SOLVED_GRAM = Kernel("solved_gram", solved_gram_block)
+CHOLESKY_OF_STACK = Kernel("cholesky_of_stack", cholesky_of_stack)
+SOLVE_TWICE = Kernel("solve_twice", solve_twice_block)
 
 
 def tsqr_program(A: la.BlockArray, block_rows: int, *, with_q: bool) -> tuple[la.BlockArray | None, la.BlockArray]:
@@ -109,6 +196,32 @@ def tsqr_program(A: la.BlockArray, block_rows: int, *, with_q: bool) -> tuple[la
     return q, r
 
 
+def gram_program(A: la.BlockArray, block_rows: int) -> la.BlockArray:
+    """CholeskyQR2's first pass: the blocks' Grams AᵢᵀAᵢ, stacked (B·d × d); the driver sums them."""
+    n, d = A.shape
+    blocks = math.ceil(n / block_rows)
+    (grams,) = la.map_blocks(GRAM_BLOCK, A, outputs=[((blocks * d, d), "float64", d)], block_rows=[block_rows],
+                             cost=gram_cost)
+    return grams
+
+
+def cholesky_qr2_program(A: la.BlockArray, r1: la.BlockArray, block_rows: int) -> tuple[la.BlockArray, la.BlockArray]:
+    """CholeskyQR2's second and third passes given R₁: (Q, R₂), with R = R₂R₁."""
+    n, d = A.shape
+    blocks = math.ceil(n / block_rows)
+    (grams,) = la.map_blocks(SOLVED_GRAM, A, r1, outputs=[((blocks * d, d), "float64", d)],
+                             block_rows=[block_rows, None], cost=solved_gram_cost)
+    (r2,) = la.map_blocks(CHOLESKY_OF_STACK, grams, outputs=[((d, d), "float64", None)])
+    (q,) = la.map_blocks(SOLVE_TWICE, A, r1, r2, outputs=[((n, d), "float64", block_rows)],
+                         block_rows=[block_rows, None, None], cost=solve_twice_cost)
+    return q, r2
+
+
+def sum_grams(stack: np.ndarray) -> np.ndarray:
+    d = stack.shape[1]
+    return stack.reshape(-1, d, d).sum(axis=0)
+
+
 def block_rows_for(job: Job, name: str, workers: int) -> int:
     """Chunk-aligned row blocks: about two per worker, at most 256 MiB each."""
     return row_grid(job.arrays[name], workers=workers).block_shape[0]
@@ -116,7 +229,7 @@ def block_rows_for(job: Job, name: str, workers: int) -> int:
 
 @dataclass(frozen=True)
 class TSQRParams:
-    pass
+    method: Literal["auto", "householder"] = "auto"
 
 
 class TSQR(Job):
@@ -137,10 +250,24 @@ class TSQR(Job):
         return f"{self.title} of A {A.shape[0]:,} × {A.shape[1]:,}"
 
     def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
+        """The pass that forms Q: CholeskyQR2's second and third (given R₁), or Householder TSQR."""
         A = la.from_zarr(self.arrays["A"])
-        q, r = tsqr_program(A, block_rows_for(self, "A", workers), with_q=True)
-        assert q is not None
-        return {"Q": q, "R": r}
+        rows = block_rows_for(self, "A", workers)
+        if self.params.method == "householder":
+            q, r = tsqr_program(A, rows, with_q=True)
+            assert q is not None
+            return {"Q": q, "R": r}
+        d = A.shape[1]
+        q, r2 = cholesky_qr2_program(A, la.value(R1, (d, d)), rows)
+        return {"Q": q, "R2": r2}
+
+    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
+        """CholeskyQR2's Gram pass, then the pass that forms Q (the estimate assumes A passes
+        the condition check; a fallback to Householder costs about 2.5 times the work)."""
+        if self.params.method == "householder":
+            return [(self.program(workers), 1)]
+        grams = gram_program(la.from_zarr(self.arrays["A"]), block_rows_for(self, "A", workers))
+        return [({"grams": grams}, 1), (self.program(workers), 1)]
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         A = self.arrays["A"]
@@ -150,14 +277,29 @@ class TSQR(Job):
         A = self.arrays["A"]
         n, d = A.shape
         workers = ctx.session.options.cluster.workers
-        program = self.program(workers)
+        rows = block_rows_for(self, "A", workers)
         target = ctx.result.create_array("Q", shape=(n, d), chunks=(A.chunks[0], d), dtype="float64")
-        run = {"written": la.store(program["Q"], target, ctx.storage), "R": program["R"]}
+        q_h, r_h = tsqr_program(la.from_zarr(A), rows, with_q=True)
+        assert q_h is not None
+        householder = {"written": la.store(q_h, target, ctx.storage), "R": r_h}
+        auto = self.params.method == "auto"
+        first = {"grams": gram_program(la.from_zarr(A), rows)} if auto else householder
         with ctx.metrics.stage("load"):
-            ctx.session.load(run)
+            ctx.session.load(first)
         with ctx.metrics.stage("factor"):
-            r = ctx.session.compute(run)
-        ctx.metrics.count_storage(StorageCounters(bytes_written=int(r["written"][0]), put_requests=int(r["written"][1])))
-        R = np.triu(r["R"])
+            r1 = cholesky_upper(sum_grams(ctx.session.compute(first)["grams"])) if auto else None
+            if r1 is not None:
+                program = self.program(workers)
+                r = ctx.session.compute({"written": la.store(program["Q"], target, ctx.storage), "R2": program["R2"]},
+                                        {R1: r1})
+                R = np.triu(r["R2"] @ r1)
+                how = "CholeskyQR2"
+            else:  # A's blocks are loaded already when the check sent us here
+                r = ctx.session.compute(householder)
+                R = np.triu(r["R"])
+                how = "Householder TSQR" if not auto else \
+                    f"Householder TSQR (cond(A) above {COND_LIMIT:.0e}, too high for CholeskyQR2)"
+        written = (int(r["written"][0]), int(r["written"][1]))
+        ctx.metrics.count_storage(StorageCounters(bytes_written=written[0], put_requests=written[1]))
         return JobResult({"R": R}, {"n_rows": n, "n_cols": d},
-                         [f"R {d} × {d}; Q {n:,} × {d} written by the workers ({int(r['written'][0]):,} bytes)"])
+                         [f"R {d} × {d} by {how}; Q {n:,} × {d} written by the workers ({written[0]:,} bytes)"])

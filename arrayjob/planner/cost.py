@@ -282,6 +282,7 @@ WORK_KINDS = {
     "contraction_flops": "flops of compute-bound two-operand contractions (BLAS, tall-skinny products)",
     "einsum_flops": "flops (2 × the product of all label sizes) of contractions of three or more operands",
     "qr_flops": "flops of LAPACK QR with Q formed (4mn² − 4n³/3 for an m × n block)",
+    "triangular_solve_flops": "flops (mn²) of BLAS trsm: an m × n block times the inverse of an n × n triangle",
     "sort": "m·log₂(m) for each stable argsort of m keys with few distinct values (block ids)",
     "unique": "m·log₂(m) for each np.unique of m keys (it sorts; at 10M keys about 30 times slower than argsort)",
     "sparse_build": "nonzeros put into a SciPy CSR matrix (from coordinates, or rescaled)",
