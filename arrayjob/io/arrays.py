@@ -57,7 +57,7 @@ def _is_storage_failure(exc: BaseException) -> bool:
         return False
     return isinstance(
         exc, (ConnectionError, TimeoutError, OSError, botocore.exceptions.BotoCoreError)
-    ) or type(exc).__module__.startswith(("aiohttp", "botocore"))
+    ) or type(exc).__module__.startswith(("aiohttp", "botocore", "obstore"))
 
 
 def open_array_info(name: str, location: Location, options: StorageOptions) -> ArrayInfo:
@@ -95,7 +95,7 @@ def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, A
 def _open_for_reading(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
     # Cached per worker process: a block read costs its chunk GETs, not a metadata GET too.
     counters = StorageCounters()
-    store = zarr_store(info.location, options, read_only=True, counters=counters)
+    store = zarr_store(info.location, options, read_only=True, counters=counters, for_blocks=True)
     return zarr.open_array(store=store, mode="r"), counters
 
 

