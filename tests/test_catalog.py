@@ -201,6 +201,35 @@ def test_pagerank_matches_networkx(put, n_nodes):
     assert r.arrays["rank"].sum() == pytest.approx(1.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 997, 1000, 2**20, 999_999])
+def test_spread_is_a_bijection_and_unspread_undoes_it(n):
+    from arrayjob.jobs.pagerank import spread_ids, spread_multiplier, unspread
+
+    a = spread_multiplier(n)
+    ids = np.arange(n, dtype=np.int64)
+    spread = spread_ids(ids, n, a)
+    assert np.array_equal(np.sort(spread), ids)
+    values = np.random.default_rng(n).random(n)
+    by_spread_id = np.empty(n)
+    by_spread_id[spread] = values
+    assert np.array_equal(unspread(by_spread_id, a), values)
+
+
+def test_spread_balances_a_power_law_graph_over_blocks():
+    from arrayjob.jobs.pagerank import spread_ids, spread_multiplier
+
+    rng, n, scale = np.random.default_rng(11), 100_000, 17  # R-MAT targets, as datagen draws them
+    targets = np.zeros(400_000, dtype=np.int64)
+    for level in range(scale):
+        targets |= (rng.random(len(targets)) < 0.24).astype(np.int64) << level  # b + d = 0.19 + 0.05
+    targets %= n
+    block = -(-n // 4)
+    plain = np.bincount(targets // block, minlength=4)
+    spread = np.bincount(spread_ids(targets, n, spread_multiplier(n)) // block, minlength=4)
+    assert plain.max() / plain.mean() > 1.8  # most edges on the low ids
+    assert spread.max() / spread.mean() < 1.05
+
+
 def test_pagerank_reads_a_csr_group(tmp_path):
     import scipy.sparse
 

@@ -14,6 +14,13 @@ SpMV, the update d·y + base, and the block's share of the dangling mass and of 
 change. Only vectors move: r goes to every block, each block returns its slice of the
 new r and two partial sums.
 
+Node ids are spread over the blocks by a fixed bijection, i ↦ i·a mod n with a ≈ n/φ
+coprime to n (Fibonacci hashing; ``spread_multiplier``): power-law graphs put most edges on
+a few low ids (R-MAT at 1M nodes: 58 % of the targets in the first quarter of the ids), and
+contiguous id ranges would leave one worker with most of every iteration. Spread, the
+largest of four blocks holds 1.2 % more than the average. The kept graph and the vectors
+of the iterations are in spread order; the result is put back in id order at the end.
+
 Cost: build, one pass over the edges (16E bytes) and one shuffle of them; per iteration,
 2E flops, 8n bytes to each of B blocks and 8n bytes back.
 """
@@ -65,15 +72,38 @@ class GraphWork:
         return {"sparse_product": self.edges, "elementwise": 6.0 * self.rows}
 
 
+def spread_multiplier(n: int) -> int:
+    """a for the bijection i ↦ i·a mod n of node ids: the first integer from n/φ up that is
+    coprime to n (1 when i·a could overflow int64)."""
+    if n <= 2 or n > 3_000_000_000:
+        return 1
+    a = round(n * 0.6180339887498949)
+    while math.gcd(a, n) != 1:
+        a += 1
+    return a
+
+
+def spread_ids(ids: np.ndarray, n: int, a: int) -> np.ndarray:
+    return ids if a == 1 else (ids * a) % n
+
+
+def unspread(values: np.ndarray, a: int) -> np.ndarray:
+    """``values`` indexed by spread id, put back in node-id order."""
+    n = len(values)
+    return values if a == 1 else values[(np.arange(n, dtype=np.int64) * a) % n]
+
+
 @dataclass(frozen=True)
 class SplitByTarget:
-    """Cut one chunk of edges into the pieces whose targets fall in each target block."""
+    """Cut one chunk of edges into the pieces whose targets fall in each target block,
+    node ids spread (``spread_ids``) on the way."""
 
     n: int
     block: int
+    spread: int = 1
 
     def __call__(self, edges: np.ndarray) -> np.ndarray:
-        edges = np.asarray(edges, dtype=np.int64)
+        edges = spread_ids(np.asarray(edges, dtype=np.int64), self.n, self.spread)
         blocks = -(-self.n // self.block)
         owner = edges[:, 1] // self.block
         order = np.argsort(owner, kind="stable")
@@ -88,12 +118,13 @@ class SplitCSR:
 
     n: int
     block: int
+    spread: int = 1
 
     def __call__(self, indices: np.ndarray, start: np.ndarray, indptr: np.ndarray) -> np.ndarray:
         positions = int(start[0]) + np.arange(len(indices))
         sources = np.searchsorted(indptr, positions, side="right") - 1
         edges = np.stack([sources, np.asarray(indices, dtype=np.int64)], axis=1)
-        return SplitByTarget(self.n, self.block)(edges)
+        return SplitByTarget(self.n, self.block, self.spread)(edges)
 
 
 @dataclass(frozen=True)
@@ -212,11 +243,11 @@ class PageRank(Job):
         if self.csr:
             starts = la.value("chunk_starts", (chunks,), "int64")
             indptr = la.value("indptr", (n + 1,), "int64")
-            (pieces,) = la.map_blocks(Kernel("split_csr_by_target", SplitCSR(n, block)), self._edges(), starts, indptr,
+            (pieces,) = la.map_blocks(Kernel("split_csr_by_target", SplitCSR(n, block, spread_multiplier(n))), self._edges(), starts, indptr,
                                       outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk, 1, None],
                                       cost=GraphWork("split_csr"))
         else:
-            (pieces,) = la.map_blocks(Kernel("split_by_target", SplitByTarget(n, block)), self._edges(),
+            (pieces,) = la.map_blocks(Kernel("split_by_target", SplitByTarget(n, block, spread_multiplier(n))), self._edges(),
                                       outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk],
                                       cost=GraphWork("split"))
         (graph,) = la.map_blocks(Kernel("build_csr_block", BuildBlock(n, block)), la.transpose(pieces),
@@ -308,6 +339,7 @@ class PageRank(Job):
                     converged = True
                     break
         ctx.session.release(graph)
+        rank = unspread(rank, spread_multiplier(n))
         rank /= rank.sum()
         attrs = {"iterations": iterations, "converged": converged, "l1_change": delta, "n_nodes": n,
                  "damping": p.damping}
