@@ -66,6 +66,20 @@ def test_logistic_loss_and_gradient_is_one_loop():
     _check([la.sum(la.logaddexp(0.0, -margin)), x.T @ dz, la.sum(dz)], _data())
 
 
+@pytest.mark.parametrize("shift", [0.0, 1.5])
+def test_logaddexp_and_sigmoid_of_the_same_value_share_one_exp(shift):
+    x, w, s = la.value("X", (N, D)), la.value("w", (D,)), la.value("s", ())
+    z = x @ w
+    outputs = [la.sum(la.logaddexp(s, z)), x.T @ la.sigmoid(z)]
+    data = _data() | {"s": np.float64(shift)}
+    data["X"][50:53] = [[np.inf] * D, [-np.inf] * D, [np.nan] * D]  # margins ±inf and NaN
+    _check(outputs, data)
+    kernel, args = _kernel(outputs, data)
+    carrier = next(i for i, a in enumerate(args) if np.ndim(a) == 2)
+    source = rowloop._RowLoop(blockprogram.Program(kernel, args), carrier).source()
+    assert "_logaddexp_sigmoid(p" in source and "_sigmoid(t" not in source
+
+
 @pytest.mark.parametrize("fn", sorted(set(rowloop.SCALAR) - set(rowloop._COMPARISONS) - {"where"}))
 def test_every_elementwise_function_matches_numpy_at_the_extremes(fn):
     x, w, y = la.value("X", (N, D)), la.value("w", (D,)), la.value("y", (N,))
