@@ -135,37 +135,6 @@ def _networkx(ctx: Context) -> Row:
                     "the graph to a SciPy matrix, spread over its iterations")
 
 
-def khatri_rao(B: np.ndarray, C: np.ndarray) -> np.ndarray:
-    """B ⊙ C, (J·K) × F: row j·K + k is B[j] * C[k]."""
-    return (B[:, None, :] * C[None, :, :]).reshape(-1, B.shape[1])
-
-
-def mttkrp_gemm(x: np.ndarray, kr: np.ndarray) -> np.ndarray:
-    """Mode-0 MTTKRP of one slab block as one GEMM: X(i, jk) @ (B ⊙ C) (TensorLy's formulation)."""
-    return x.reshape(x.shape[0], -1) @ kr
-
-
-def _mttkrp_gemm_arrayjob(ctx: Context, factors: dict[str, np.ndarray], size: str, what: str, limit: float,
-                          block_rows: int) -> tuple[Row, np.ndarray]:
-    """The same blocks, with the per-block kernel written as one GEMM against B ⊙ C formed
-    once on the driver (map_blocks): what a GEMM lowering of the einsum could emit. Not the
-    job; shown for the miss analysis."""
-    import arrayjob.lazy as la
-    from arrayjob.planner.physical import Kernel
-
-    X = la.from_zarr(ctx.info("mttkrp", "X"))
-    B, C = factors["B"], factors["C"]
-    (M,) = la.map_blocks(Kernel("mttkrp_gemm", mttkrp_gemm), X, la.value("kr", (B.shape[0] * C.shape[0], B.shape[1])),
-                         outputs=[((X.shape[0], B.shape[1]), "float64", block_rows)], block_rows=[block_rows, None])
-    program = {"M": M}
-    load, session = ctx.loaded_session(program)
-    t = timed(lambda: session.compute(program, {"kr": khatri_rao(B, C)}), ctx.repeat)
-    return Row("MTTKRP", size, "arrayjob + GEMM block kernel (proposed)", what, load.median, t.median, peer=False,
-               limit_s=limit, load_runs=load.runs, compute_runs=t.runs,
-               note="not the job: map_blocks with X(i, jk) @ (B ⊙ C) per block, B ⊙ C formed on the driver "
-                    "(timed) and sent to the blocks; same blocks"), session.compute(program, {"kr": khatri_rao(B, C)})["M"]
-
-
 def _mttkrp_arrayjob(ctx: Context, factors: dict[str, np.ndarray], size: str, what: str, limit: float,
                      ) -> tuple[Row, np.ndarray, int]:
     program = MTTKRP(MTTKRPParams(mode=0), {n: ctx.info("mttkrp", n) for n in "XBC"}).program(ctx.workers)
@@ -194,16 +163,13 @@ def mttkrp(ctx: Context) -> list[Row]:
     root = ctx.data["mttkrp"]
     factors = {n: zarr.open_array(str(root / f"{n}.zarr"), mode="r")[...] for n in "ABC"}
 
-    aj, M_aj, block_rows = _mttkrp_arrayjob(ctx, factors, size, what, limit)
+    aj, M_aj, _ = _mttkrp_arrayjob(ctx, factors, size, what, limit)
     rows.append(aj)
-    gemm_row, M_gemm = _mttkrp_gemm_arrayjob(ctx, factors, size, what, limit, block_rows)
-    rows.append(gemm_row)
 
     X, x_load = ctx.numpy_array("mttkrp", "X")
     B, C = factors["B"], factors["C"]
     M = np.einsum("ijk,jf,kf->if", X, B, C, optimize=True)
-    for got in (M_aj, M_gemm):
-        assert np.allclose(M, got, rtol=1e-8, atol=1e-8 * np.abs(M).max())
+    assert np.allclose(M, M_aj, rtol=1e-8, atol=1e-8 * np.abs(M).max())
     t = timed(lambda: np.einsum("ijk,jf,kf->if", X, B, C, optimize=True), ctx.repeat)
     rows.append(Row("MTTKRP", size, "numpy.einsum(optimize=True)", what, x_load.median, t.median, limit_s=limit,
                     compute_runs=t.runs, note="2 BLAS threads"))
