@@ -46,6 +46,9 @@ def test_config_runs_on_demo_data(algorithm, bucket, monkeypatch, capsys):
     assert code == 0, err
     report = json.loads(out)
     assert report["algorithm"] == algorithm and report["wall_seconds"] > 0
+    # the estimate's stages are the run's, so "estimate vs actual per stage" compares like with like
+    ran = [s["name"] for s in report["stages"] if s["name"] != "validate"]
+    assert ran == [s["name"] for s in report["estimate"]["stages"] if s["name"] != "shutdown"]
     name = CONFIG_NAME.get(algorithm, algorithm)
     group = read_group(f"{base}/results/{name}-demo/result.zarr", endpoint)
     assert set(group.array_keys()) == arrays

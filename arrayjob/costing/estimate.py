@@ -171,12 +171,13 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                           placement=spec.planner.placement, cluster=cluster)
     assumed, source = job.iterations_assumed(iterations)
     load = StageEstimate("load")
-    fit = StageEstimate("fit", runs=0)
+    fit = StageEstimate(getattr(job, "compute_stage", "fit"), runs=0)
+    build_passes = getattr(job, "build_passes", 0)
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
     load_seconds = fit_seconds = 0.0
     peaks: list[list[int]] = []
-    for program, runs in job.passes(assumed, cluster.workers):
+    for index, (program, runs) in enumerate(job.passes(assumed, cluster.workers)):
         plan = make_plan(capture(list(program.values())), options)
         assert plan.physical is not None and plan.cost is not None
         # stored blocks stay where the first program read them, for the job (see physical_cost)
@@ -188,13 +189,19 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
             load.get_requests += cost.get_requests
             load.tasks += len({a for t in plan.physical.tasks for a in t.args if isinstance(a, SourceBlock)})
             sources_seen.update(s.array.uri for s in fresh)
-        fit.runs += runs
-        fit_seconds += runs * _compute_seconds(cost, profile, cluster)
-        fit.bytes_between_nodes += runs * cost.bytes_between_nodes
-        fit.bytes_touched += runs * cost.bytes_touched
-        fit.flops += runs * cost.flops
-        fit.work.update({kind: runs * amount for kind, amount in cost.work.items()})
-        fit.tasks += runs * cost.tasks
+        # a pass is priced in the stage the job runs it in (PageRank builds its graph in "load")
+        stage = load if index < build_passes else fit
+        seconds = runs * (_compute_seconds(cost, profile, cluster) + profile.run_overhead_seconds)
+        if stage is load:
+            load_seconds += seconds
+        else:
+            fit.runs += runs
+            fit_seconds += seconds
+        stage.bytes_between_nodes += runs * cost.bytes_between_nodes
+        stage.bytes_touched += runs * cost.bytes_touched
+        stage.flops += runs * cost.flops
+        stage.work.update({kind: runs * amount for kind, amount in cost.work.items()})
+        stage.tasks += runs * cost.tasks
         peaks.append(list(cost.peak_bytes_per_node))
     # arrays of the job no program reads are read whole on the driver (factor matrices, indptr)
     for info in getattr(job, "arrays", {}).values():
@@ -222,7 +229,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         STORAGE_CONCURRENCY * cluster.nodes)
     fit.wall_seconds = fit_seconds + fit.bytes_between_nodes / (profile.network_bytes_per_s * max(1, cluster.nodes))
     load.wall_seconds += profile.warmup_seconds + profile.run_overhead_seconds
-    fit.wall_seconds += fit.runs * profile.run_overhead_seconds
+    load.wall_seconds += load.bytes_between_nodes / (profile.network_bytes_per_s * max(1, cluster.nodes))
     fit.peak_bytes_per_node = [max(p[i] for p in peaks) for i in range(len(peaks[0]))] if peaks else []
     result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source)
     peak = max(result.peak_bytes_per_node, default=0)

@@ -28,14 +28,14 @@ def table(est: Estimate) -> str:
             rows.append((("└─ " if i == len(items) - 1 else "├─ ") + name, qty, unit, cost))
 
     by = {s.name: s for s in est.stages}
-    load, fit, write = by["load"], by["fit"], by["write"]
+    load, fit, write = by["load"], est.stages[2], by["write"]  # stage 2: the job's compute stage
     stage_rows("connect", [("Start or reach Ray", f"{by['connect'].wall_seconds:.1f}", "s", "")])
     stage_rows("load", [
         ("Storage read", size(load.bytes_read), "", ""),
         ("GET requests", f"{load.get_requests:,}", "requests", _money(d["get_requests"])),
         ("Wall time", f"{load.wall_seconds:.2f}", "s", ""),
     ])
-    stage_rows(f"fit ({fit.runs:,} passes)", [
+    stage_rows(f"{fit.name} ({fit.runs:,} passes)", [
         ("Between nodes", size(fit.bytes_between_nodes), "", ""),
         ("Memory touched", size(fit.bytes_touched), "", ""),
         ("FLOPs", f"{fit.flops:.3g}", "flop", ""),

@@ -43,6 +43,8 @@ class Job(ABC):
     optional_inputs: ClassVar[tuple[str, ...]] = ()
     group_inputs: ClassVar[dict[str, tuple[str, ...]]] = {}  # inputs that may be groups: members
     Params: ClassVar[type]
+    compute_stage: ClassVar[str] = "fit"  # the stage run() computes in, after "load"
+    build_passes: ClassVar[int] = 0  # leading passes run() runs inside "load" (PageRank's graph)
 
     def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None) -> None:
         self.params = params
@@ -68,7 +70,8 @@ class Job(ABC):
         return max_iter, "params.max_iter, an upper bound"
 
     def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, BlockArray], int]]:
-        """The programs a run executes and how many times each (for estimates)."""
+        """The programs a run executes and how many times each (for estimates). The first
+        ``build_passes`` run in the load stage, the rest in ``compute_stage``."""
         return [(self.program(workers), iterations)]
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:

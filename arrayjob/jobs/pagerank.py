@@ -200,6 +200,7 @@ class PageRank(Job):
     inputs = ("edges",)
     group_inputs = {"edges": ("indptr", "indices")}  # or a CSR group of the adjacency matrix
     Params = PageRankParams
+    build_passes = 4  # node-id range, build, out-degrees, scaling: run() does them in "load"
     params: PageRankParams
 
     @property

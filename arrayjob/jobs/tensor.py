@@ -48,6 +48,7 @@ class MTTKRP(Job):
     inputs = ("X", "A", "B", "C")
     optional_inputs = ("A", "B", "C")
     Params = MTTKRPParams
+    compute_stage = "compute"
     params: MTTKRPParams
 
     def check_inputs(self) -> None:
@@ -91,7 +92,7 @@ class MTTKRP(Job):
         with ctx.metrics.stage("load"):
             factors = {n: read_whole(self.arrays[n], ctx.storage, ctx.metrics) for n in names}
             ctx.session.load(program)
-        with ctx.metrics.stage("compute"):
+        with ctx.metrics.stage(self.compute_stage):
             M = ctx.session.compute(program, factors)["M"]
         return JobResult({"M": M}, {"mode": self.params.mode}, [f"M {M.shape[0]:,} × {M.shape[1]}"])
 

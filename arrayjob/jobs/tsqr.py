@@ -237,6 +237,7 @@ class TSQR(Job):
     title = "TSQR"
     inputs = ("A",)
     Params = TSQRParams
+    compute_stage = "factor"
 
     def check_inputs(self) -> None:
         A = self.arrays["A"]
@@ -286,7 +287,7 @@ class TSQR(Job):
         first = {"grams": gram_program(la.from_zarr(A), rows)} if auto else householder
         with ctx.metrics.stage("load"):
             ctx.session.load(first)
-        with ctx.metrics.stage("factor"):
+        with ctx.metrics.stage(self.compute_stage):
             r1 = cholesky_upper(sum_grams(ctx.session.compute(first)["grams"])) if auto else None
             if r1 is not None:
                 program = self.program(workers)
