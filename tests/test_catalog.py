@@ -201,6 +201,14 @@ def test_pagerank_matches_networkx(put, n_nodes):
     assert r.arrays["rank"].sum() == pytest.approx(1.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("size,high", [(0, 5), (1, 5), (2, 1), (1000, 10), (100_000, 2**40)])
+def test_distinct_is_numpy_unique(size, high):
+    from arrayjob.jobs.pagerank import distinct
+
+    keys = np.random.default_rng(size).integers(0, high, size)
+    assert np.array_equal(distinct(keys), np.unique(keys))
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 997, 1000, 2**20, 999_999])
 def test_spread_is_a_bijection_and_unspread_undoes_it(n):
     from arrayjob.jobs.pagerank import spread_ids, spread_multiplier, unspread

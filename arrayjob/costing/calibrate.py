@@ -136,11 +136,12 @@ def triangular_solve_rate(cols: int = 64, rows: int = 2**17) -> float:
 
 def sparse_rates(nnz: int = 2**22) -> tuple[float, float, float, float]:
     """(sort, unique, sparse build, sparse product) rates: stable ``np.argsort`` of block
-    ids and ``np.unique`` of random int64 keys (m·log₂ m per second), a CSR matrix built from
+    ids and the distinct values of random int64 keys (``jobs.pagerank.distinct``; m·log₂ m per second), a CSR matrix built from
     coordinates and multiplied by a vector (nonzeros per second), as PageRank's graph
     kernels run them."""
     import scipy.sparse
 
+    from arrayjob.jobs.pagerank import distinct
     from arrayjob.planner.cost import sort_work
 
     rng = np.random.default_rng(7)
@@ -151,7 +152,7 @@ def sparse_rates(nnz: int = 2**22) -> tuple[float, float, float, float]:
     x = np.ones(n)
     owners = keys % 8  # the split argsorts edges by target block: few distinct keys
     return (_per_second(sort_work(nnz), lambda: np.argsort(owners, kind="stable")),
-            _per_second(sort_work(nnz), lambda: np.unique(keys)),
+            _per_second(sort_work(nnz), lambda: distinct(keys)),
             _per_second(nnz, lambda: scipy.sparse.csr_matrix((np.ones(nnz), (rows, cols)), shape=(n, n))),
             _per_second(matrix.nnz, lambda: matrix @ x))
 

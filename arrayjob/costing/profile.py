@@ -39,7 +39,7 @@ class MachineProfile:
     qr_flops_per_s: float = 5.5e9  # jobs.tsqr.qr_block on a 65,536 × 64 block
     triangular_solve_flops_per_s: float = 1.2e10  # jobs.tsqr.solve_block (trsm) on a 131,072 × 64 block
     sort_per_s: float = 7e8  # m·log₂ m per second, stable np.argsort of 2^22 block ids
-    unique_per_s: float = 2.6e7  # m·log₂ m per second, np.unique of 2^22 int64 keys
+    unique_per_s: float = 1.1e9  # m·log₂ m per second, jobs.pagerank.distinct of 2^22 int64 keys
     sparse_build_per_s: float = 2.6e7  # nonzeros per second into a CSR matrix from coordinates
     sparse_product_per_s: float = 5e8  # nonzeros per second of a CSR matrix × vector
     result_bytes_per_s: float = 9e8  # a task's fresh 128 MiB result into the object store
