@@ -285,7 +285,6 @@ WORK_KINDS = {
     "triangular_solve_flops": "flops (mn²) of BLAS trsm: an m × n block times the inverse of an n × n triangle",
     "sort": "m·log₂(m) for each stable argsort of m keys with few distinct values (block ids)",
     "unique": "m·log₂(m) for the distinct values of m int64 keys (np.sort and a mask: jobs.pagerank.distinct)",
-    "sparse_build": "nonzeros put into a SciPy CSR matrix (from coordinates, or rescaled)",
     "sparse_product": "nonzeros through a SciPy CSR product with a vector, or a sum over it",
     "result_bytes": "bytes of task results big enough for Ray's object store (fresh memory, page faults)",
 }
