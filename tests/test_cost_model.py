@@ -169,3 +169,16 @@ def test_results_big_enough_for_the_object_store_are_priced_as_fresh_memory(X):
     # a row-block result of 10,000 × 16 floats (1.28 MB) goes to the object store; a sum does not
     assert _cost(X * 2.0).work["result_bytes"] == ROWS * COLS * 8
     assert "result_bytes" not in _cost((X * 2.0).sum()).work
+
+
+def test_graph_rates_time_the_kernels_pagerank_declares():
+    from arrayjob.costing.calibrate import graph_rates
+    from arrayjob.jobs.pagerank import GraphWork
+
+    rates = graph_rates()
+    declared = set()
+    for work in (GraphWork("split"), GraphWork("build", 10.0), GraphWork("product", 10.0, 1, vector=10),
+                 GraphWork("product", 10.0, 1, vector=2**22)):
+        declared |= set(work([(10, 2)]))
+    assert {f"{kind}_per_s" for kind in declared - {"elementwise"}} == set(rates)
+    assert all(np.isfinite(r) and r > 0 for r in rates.values())

@@ -134,25 +134,34 @@ def triangular_solve_rate(cols: int = 64, rows: int = 2**17) -> float:
     return _per_second(solve_cost([a.shape])["triangular_solve_flops"], lambda: solve_block(a, r))
 
 
-def sparse_rates(nnz: int = 2**22) -> tuple[float, float, float]:
-    """(sort, unique, sparse product) rates: stable ``np.argsort`` of 16-bit block ids and
-    the distinct values of random int64 keys (``jobs.pagerank.distinct``), m·log₂ m per
-    second, and a CSR matrix times a vector (nonzeros per second), as PageRank's graph
-    kernels run them."""
+def graph_rates() -> dict[str, float]:
+    """PageRank's graph kernels, timed as they run (one core): the split of a chunk of 2^21
+    edges by target block and the build of a CSR block from 2^23 edges (edges per second),
+    and a CSR matrix × vector (nonzeros per second) gathering from a vector that fits in
+    the cache (2^19 nodes) and from one that does not (2^22 nodes, 32 MiB)."""
     import scipy.sparse
 
-    from arrayjob.jobs.pagerank import distinct
-    from arrayjob.planner.cost import sort_work
+    from arrayjob.jobs.pagerank import BuildBlock, SplitByTarget, spread_multiplier
 
     rng = np.random.default_rng(7)
-    n = nnz // 8
-    keys = rng.integers(0, n * n, nnz)
-    matrix = scipy.sparse.csr_matrix((np.ones(nnz), (keys // n, keys % n)), shape=(n, n))
-    x = np.ones(n)
-    owners = (keys % 8).astype(np.int16)  # the split argsorts edges by target block: 16-bit keys
-    return (_per_second(sort_work(nnz), lambda: np.argsort(owners, kind="stable")),
-            _per_second(sort_work(nnz), lambda: distinct(keys)),
-            _per_second(matrix.nnz, lambda: matrix @ x))
+    n = 2**22
+    chunk = rng.integers(0, n, (2**21, 2))
+    split = SplitByTarget(n, n // 4, spread_multiplier(n))
+    edges = np.stack([rng.integers(0, n, 2**23), rng.integers(0, n // 4, 2**23)], axis=1)
+    pieces = np.empty((4, 1), dtype=object)
+    for i, part in enumerate(np.array_split(edges, 4)):
+        pieces[i, 0] = (0, part)
+    build = BuildBlock(n, n // 4)
+
+    def product_rate(nodes: int, nnz: int = 2**23) -> float:
+        indptr = np.arange(0, nnz + 1, nnz // nodes, dtype=np.int64)
+        matrix = scipy.sparse.csr_matrix((np.ones(nnz), rng.integers(0, nodes, nnz), indptr), shape=(nodes, nodes))
+        x = np.ones(nodes)
+        return _per_second(nnz, lambda: matrix @ x)
+
+    return {"edge_split_per_s": _per_second(len(chunk), lambda: split(chunk)),
+            "edge_build_per_s": _per_second(len(edges), lambda: build(pieces)),
+            "sparse_product_per_s": product_rate(2**19), "sparse_product_large_per_s": product_rate(2**22)}
 
 
 def block_rates(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...]) -> tuple[float, float]:
@@ -223,8 +232,7 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], f
                 "transcendental_per_s": transcendental, "contraction_bytes_per_s": gemv,
                 "contraction_flops_per_s": gram, "einsum_flops_per_s": einsum_rate(), "qr_flops_per_s": qr_rate(),
                 "triangular_solve_flops_per_s": triangular_solve_rate(),
-                **dict(zip(("sort_per_s", "unique_per_s", "sparse_product_per_s"),
-                           sparse_rates(), strict=True))}
+                **graph_rates()}
 
     @ray.remote
     def hello() -> None:

@@ -38,9 +38,10 @@ class MachineProfile:
     einsum_flops_per_s: float = 6e9  # three-operand contractions (MTTKRP's three modes)
     qr_flops_per_s: float = 5.5e9  # jobs.tsqr.qr_block on a 65,536 × 64 block
     triangular_solve_flops_per_s: float = 1.2e10  # jobs.tsqr.solve_block (trsm) on a 131,072 × 64 block
-    sort_per_s: float = 7e8  # m·log₂ m per second, stable np.argsort of 2^22 16-bit block ids
-    unique_per_s: float = 1.1e9  # m·log₂ m per second, jobs.pagerank.distinct of 2^22 int64 keys
-    sparse_product_per_s: float = 5e8  # nonzeros per second of a CSR matrix × vector
+    edge_split_per_s: float = 2.3e7  # edges per second, jobs.pagerank.SplitByTarget on 2^21 edges
+    edge_build_per_s: float = 2.9e7  # edges per second, jobs.pagerank.BuildBlock of 2^23 edges
+    sparse_product_per_s: float = 6e8  # nonzeros per second of a CSR matrix × vector (512K nodes)
+    sparse_product_large_per_s: float = 8.4e7  # the same gathering from a 32 MiB vector (4M nodes)
     result_bytes_per_s: float = 9e8  # a task's fresh 128 MiB result into the object store
     measured_at: str = ""
     bucket: str = ""

@@ -37,7 +37,6 @@ import scipy.sparse
 from arrayjob import lazy as la
 from arrayjob.io.arrays import ArrayInfo, read_group_attrs, read_whole
 from arrayjob.jobs.base import Job, JobContext, JobResult, require
-from arrayjob.planner.cost import sort_work
 from arrayjob.planner.physical import Kernel
 
 
@@ -51,25 +50,31 @@ def _object_row(items: list[object]) -> np.ndarray:
 @dataclass(frozen=True)
 class GraphWork:
     """The declared work (``planner.cost.WORK_KINDS``) of PageRank's block functions:
-    splitting a chunk of m edges argsorts them by target block; building a block of Aᵀ
-    takes its distinct edges (``distinct``: a sort) and lays them out as CSR; scaling rescales its data; the degree sum and
-    the iteration's SpMV read each nonzero once. Edges are taken to be spread evenly over
-    the target blocks."""
+    splitting a chunk of m edges by target block and building a CSR block of Aᵀ from its
+    edges are each priced at their own calibrated rate (edges per second, the kernels
+    themselves timed by ``calibrate``); scaling reads each nonzero and writes a new data
+    array; the degree sum and the iteration's SpMV read each nonzero once and gather from a
+    vector of ``vector`` floats (out of cache above ``SPMV_CACHE_BYTES``). Edges are taken to
+    be spread evenly over the target blocks (node ids are spread: ``spread_multiplier``)."""
 
     kind: str  # split | split_csr | build | scale | product
     edges: float = 0.0  # per block of Aᵀ
     rows: int = 0  # rows of the block (the iteration's update)
+    vector: int = 0  # length of the vector a product gathers from
 
     def __call__(self, shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
         if self.kind in ("split", "split_csr"):
             m = shapes[0][0]  # edges in the chunk
-            searches = sort_work(m) if self.kind == "split_csr" else 0.0  # sources from indptr
-            return {"sort": sort_work(m) + searches, "elementwise": 6.0 * m}
+            return {"edge_split": m * (2.0 if self.kind == "split_csr" else 1.0)}  # csr: sources searched too
         if self.kind == "build":
-            return {"elementwise": 8.0 * self.edges, "unique": sort_work(self.edges)}
+            return {"edge_build": self.edges}
         if self.kind == "scale":  # a gather and a multiply per nonzero, and the new data array
             return {"elementwise": 3.0 * self.edges}
-        return {"sparse_product": self.edges, "elementwise": 6.0 * self.rows}
+        product = "sparse_product_large" if 8 * self.vector > SPMV_CACHE_BYTES else "sparse_product"
+        return {product: self.edges, "elementwise": 6.0 * self.rows}
+
+
+SPMV_CACHE_BYTES = 16 * 2**20  # a gathered vector above this misses the cache (half of a 32 MiB L3)
 
 
 def distinct(keys: np.ndarray) -> np.ndarray:
@@ -297,7 +302,7 @@ class PageRank(Job):
     def _degree_program(self, graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
         (degree_parts,) = la.map_blocks(Kernel("out_degree", out_degree), graph,
                                         outputs=[((graph.shape[0], n), "float64", 1)], block_rows=[1],
-                                        cost=GraphWork("product", self._edges_per_block(graph.shape[0])))
+                                        cost=GraphWork("product", self._edges_per_block(graph.shape[0]), vector=n))
         return {"d": degree_parts.sum(axis=0)}
 
     def _scale_program(self, graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
@@ -321,7 +326,7 @@ class PageRank(Job):
                                     la.value("rank", (n,)), la.value("base", ()),
                                     outputs=[((n,), "float64", block), ((blocks, 2), "float64", 1)],
                                     block_rows=[1, None, None],
-                                    cost=GraphWork("product", self._edges_per_block(blocks), block))
+                                    cost=GraphWork("product", self._edges_per_block(blocks), block, vector=n))
         return {"rank": rank, "stats": stats.sum(axis=0)}  # stats: [L1 change, dangling mass]
 
     def run(self, ctx: JobContext) -> JobResult:

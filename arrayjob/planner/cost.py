@@ -283,9 +283,10 @@ WORK_KINDS = {
     "einsum_flops": "flops (2 × the product of all label sizes) of contractions of three or more operands",
     "qr_flops": "flops of LAPACK QR with Q formed (4mn² − 4n³/3 for an m × n block)",
     "triangular_solve_flops": "flops (mn²) of BLAS trsm: an m × n block times the inverse of an n × n triangle",
-    "sort": "m·log₂(m) for each stable argsort of m keys with few distinct values (block ids)",
-    "unique": "m·log₂(m) for the distinct values of m int64 keys (np.sort and a mask: jobs.pagerank.distinct)",
-    "sparse_product": "nonzeros through a SciPy CSR product with a vector, or a sum over it",
+    "edge_split": "edges through PageRank's split of an edge chunk by target block (jobs.pagerank.SplitByTarget)",
+    "edge_build": "edges into one CSR block of Aᵀ: distinct pairs by a sort, CSR layout (jobs.pagerank.BuildBlock)",
+    "sparse_product": "nonzeros through a SciPy CSR product with a vector in cache, or a sum over it",
+    "sparse_product_large": "nonzeros through a SciPy CSR product gathering from a vector too big for the cache",
     "result_bytes": "bytes of task results big enough for Ray's object store (fresh memory, page faults)",
 }
 TRANSCENDENTAL = {"exp": 1, "log": 1, "log1p": 1, "expm1": 1, "tanh": 1, "sigmoid": 1, "erf": 1,
@@ -296,11 +297,6 @@ MEMORY_BOUND_FLOPS_PER_BYTE = 1.0
 # Ray returns results smaller than this inline with the task's reply (its
 # max_direct_call_object_size); bigger ones are written into fresh object-store memory.
 INLINE_RESULT_BYTES = 100 * 1024
-
-
-def sort_work(m: float) -> float:
-    """The ``sort`` (or ``unique``) work of sorting ``m`` keys."""
-    return m * math.log2(m) if m > 1 else 0.0
 
 
 def qr_flops(m: int, n: int) -> float:
