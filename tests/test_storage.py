@@ -101,3 +101,21 @@ def test_unreachable_endpoint_is_one_line(tmp_path):
     options = StorageOptions(endpoint_url="http://127.0.0.1:9")
     with pytest.raises(InputError, match=r"^inputs.X: cannot read s3://bucket/X.zarr: Could not connect"):
         open_array_info("X", parse_uri("s3://bucket/X.zarr"), options)
+
+
+def test_block_reads_find_the_bucket_region_when_none_is_configured(s3_endpoint, monkeypatch):
+    import uuid
+
+    import boto3
+
+    from arrayjob.io.storage import _bucket_region
+
+    class Session:  # a boto3 session whose S3 client reaches the loopback server
+        def client(self, service):
+            return boto3.client(service, endpoint_url=s3_endpoint, region_name="us-east-1")
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="eu-west-1").create_bucket(
+        Bucket=name, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    assert _bucket_region(Session(), name) == "eu-west-1"
+    assert _bucket_region(Session(), f"missing-{uuid.uuid4().hex[:8]}") == "us-east-1"  # no answer: the default

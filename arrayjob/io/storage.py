@@ -152,13 +152,28 @@ class CountingStore(WrapperStore[Store]):
         return await self._store.exists(key)
 
 
+def _bucket_region(session: Any, bucket: str) -> str:
+    """The AWS region of ``bucket`` from a HEAD request's ``x-amz-bucket-region`` header
+    (sent even when the request is redirected or refused). s3fs finds it the same way;
+    object_store, under obstore, does not, and signs for the region it is given."""
+    import botocore.exceptions
+
+    try:
+        headers = session.client("s3").head_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPHeaders"]
+    except botocore.exceptions.ClientError as exc:
+        headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    except botocore.exceptions.BotoCoreError:
+        headers = {}
+    return str(headers.get("x-amz-bucket-region", "us-east-1"))
+
+
 def _s3_block_store(location: Location, options: StorageOptions) -> Store:
     """A read-only S3 store through obstore (the Rust object_store crate) for block reads.
 
     Measured on loopback S3 (2 cores): one 256 MiB block of 16 MiB chunks in 0.18 s, against
     0.37 s through s3fs/aiohttp; the block reads of a job are its load stage. Credentials
-    and region come from a boto3 session (profile, environment, instance role), so they
-    resolve exactly as for s3fs.
+    come from a boto3 session (profile, environment, instance role), as for s3fs; the
+    region from the session, else from the bucket itself (``_bucket_region``).
     """
     import boto3
     from obstore.auth.boto3 import Boto3CredentialProvider
@@ -167,8 +182,9 @@ def _s3_block_store(location: Location, options: StorageOptions) -> Store:
 
     bucket, _, prefix = location.path.partition("/")
     session = boto3.Session(profile_name=options.profile, region_name=options.region)
-    kwargs: dict[str, Any] = {"prefix": prefix, "region": session.region_name or "us-east-1"}
     endpoint = options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = session.region_name or ("us-east-1" if endpoint else _bucket_region(session, bucket))
+    kwargs: dict[str, Any] = {"prefix": prefix, "region": region}
     if endpoint:
         kwargs.update(endpoint=endpoint, virtual_hosted_style_request=False,
                       client_options={"allow_http": endpoint.startswith("http://")})
