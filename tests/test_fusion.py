@@ -272,6 +272,36 @@ def test_one_hot_products_run_as_loops_and_match_the_products(ids, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-10)
 
 
+def _block_kernel(outputs, values):
+    graph = la.capture(outputs)
+    leaves = [i for i, node in enumerate(graph.nodes) if node.op == "value"]
+    slot = {node: a for a, node in enumerate(leaves)}
+    steps = []
+    for i, node in enumerate(graph.nodes):
+        if node.op != "value":
+            slot[i] = len(leaves) + len(steps)
+            steps.append(Step(node.op, node.attrs, tuple(slot[j] for j in node.inputs), node.dtype))
+    kernel = BlockKernel("k", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
+    return kernel, [values[graph.nodes[i].attrs[0]] for i in leaves]
+
+
+def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
+    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 0)
+    rng = np.random.default_rng(10)
+    n, d, k = 40_000, 6, 5
+    X = rng.integers(-3, 4, (n, d)).astype(float)  # small integers: exact sums, so ties are exact
+    C = rng.integers(-2, 3, (k, d)).astype(float)
+    C[3] = C[1]  # two equal centroids: every tie between them goes to the first
+    X[7] = np.nan
+    x, c, csq = la.value("X", (n, d)), la.value("C", (k, d)), la.value("csq", (k,))
+    labels = (csq - 2.0 * (x @ c.T)).argmin(axis=1, keepdims=True)
+    kernel, args = _block_kernel([labels], {"X": X, "C": C, "csq": (C**2).sum(1)})
+    program = blockprogram.Program(kernel, args)
+    assert len(program.rewrites) == 1
+    assert not any(program.shapes[op.out] == (n, k) for op in program.ops)  # no n × k scores
+    np.testing.assert_array_equal(kernel(*args), kernel.interpret(*args))
+
+
 @pytest.mark.parametrize("fn", ["argmin", "argmax"])
 def test_arg_reductions_over_short_rows_match_numpy_with_ties_and_nans(fn):
     from arrayjob.planner import loops

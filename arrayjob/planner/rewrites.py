@@ -11,6 +11,11 @@ The rewrite keeps each product's meaning for any ``ids`` (a row adds to every co
 equals its label, so repeated or missing ids behave as the product does) and each product's
 axes, so row sub-blocking treats the rewritten step as the contraction it replaces.
 
+*Nearest rows.* ``(a − s·X @ Cᵀ).argmin(axis=1)`` with C short (k-means' assignment,
+``‖c‖² − 2x·c``) runs as one loop over X's rows: k dot products and a running minimum per
+row, with no n × k scores. Measured on one 500,000 × 64 block, k = 8, one core: the loop
+37 ms, against 34 ms for the GEMM X @ Cᵀ alone and about 90 ms for scores and argmin.
+
 *Arg-reductions over short rows.* ``argmin``/``argmax`` over the last axis of an n × k array
 with k small (k-means' nearest centroid) is a strided loop per row in NumPy: 55 µs for a
 3,236 × 8 piece against 14 µs as a loop (NaN wins, as in NumPy).
@@ -52,6 +57,12 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
                 and tuple(step.attrs[1]) == (1,) and step.attrs[2] and dtypes[step.inputs[0]] == "float64" \
                 and shapes[step.inputs[0]][1] <= SHORT_ROW:
             source = step.inputs[0]
+            nearest = _nearest(kernel, source, shapes, dtypes) if step.attrs[0] == "argmin" else None
+            if nearest is not None:
+                (x, c, a), scale = nearest
+                found[i] = Rewrite((x, c, a), "rm,cm,c->rz", lambda vals, x=x, c=c, a=a, s=scale: loops.nearest_rows(
+                    np.ascontiguousarray(vals[x]), np.ascontiguousarray(vals[c]), np.ascontiguousarray(vals[a]), s))
+                continue
             loop = loops.argmin_rows if step.attrs[0] == "argmin" else loops.argmax_rows
             found[i] = Rewrite((source,), "rk->rz", lambda vals, s=source, f=loop: f(np.ascontiguousarray(vals[s])))
             continue
@@ -93,6 +104,34 @@ def _one_hot(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: 
                 and len(shapes[ids]) == 1 and shapes[ids][0] == shapes[slot][1] \
                 and shapes[labels][0] == shapes[slot][0]:
             return labels, ids
+    return None
+
+
+def _nearest(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str],
+             ) -> tuple[tuple[int, int, int], float] | None:
+    """((X, C, a) slots, s) when ``slot`` is ``a - s * einsum("ij,kj->ik", X, C)`` (or with
+    ``s`` on the right of the product), X (n, d), C (k, d), a (k,), all float64."""
+    n_args = kernel.n_args
+
+    def step(s: int) -> Any:
+        return kernel.steps[s - n_args] if s >= n_args else None
+
+    sub = step(slot)
+    if sub is None or sub.op != "map" or sub.attrs[0] != "subtract":
+        return None
+    a, scaled = sub.inputs
+    mul = step(scaled)
+    if mul is None or mul.op != "map" or mul.attrs[0] != "multiply":
+        return None
+    for const, product in (mul.inputs, mul.inputs[::-1]):
+        k_step, p_step = step(const), step(product)
+        if k_step is None or k_step.op != "const" or p_step is None or p_step.op != "einsum" \
+                or p_step.attrs[0] != "ij,kj->ik" or len(p_step.inputs) != 2:
+            continue
+        x, c = p_step.inputs
+        if len(shapes[x]) == 2 and len(shapes[c]) == 2 and shapes[x][1] == shapes[c][1] \
+                and shapes[a] == (shapes[c][0],) and all(dtypes[s] == "float64" for s in (x, c, a)):
+            return (x, c, a), float(k_step.attrs[0])
     return None
 
 
