@@ -6,9 +6,10 @@ block, summed in a tree): KASEN's fused assignment-and-update. The driver divide
 by counts. As in scikit-learn's Lloyd, a centroid shift (squared, summed) at or below
 tol × mean(var(X)) stops the loop, and a last pass computes labels and inertia for the
 final centroids. Assignment compares ‖c‖² − 2x·c (scikit-learn's expansion), inertia is
-Σ‖x − c‖² computed directly. A cluster that empties keeps its previous centroid. The
-one-hot products (sums per cluster, counts, each row's centroid) run as loops over the
-rows, not as products with an n × k matrix (``planner.rewrites``).
+Σ‖x − c‖² computed directly. A cluster that empties keeps its previous centroid. On big
+blocks the assignment (k dot products and an argmin per row, no n × k scores) and the
+one-hot products (sums per cluster, counts, each row's centroid) run as compiled loops
+over the rows, not as products with n × k matrices (``planner.rewrites``).
 
 Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-means++
 (Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.
