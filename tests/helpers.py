@@ -59,3 +59,21 @@ def run_cli(args: list[str], capsys: Any) -> tuple[int, str, str]:
     code = main(args)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def block_kernel(outputs: list[Any], values: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """The block kernel of lazy ``outputs`` over ``la.value`` leaves, and its arguments
+    (``values`` by leaf name): one fused group, as the planner would hand it to a task."""
+    from arrayjob import lazy as la
+    from arrayjob.planner.kernels import BlockKernel, Step
+
+    graph = la.capture(outputs)
+    leaves = [i for i, node in enumerate(graph.nodes) if node.op == "value"]
+    slot = {node: a for a, node in enumerate(leaves)}
+    steps = []
+    for i, node in enumerate(graph.nodes):
+        if node.op != "value":
+            slot[i] = len(leaves) + len(steps)
+            steps.append(Step(node.op, node.attrs, tuple(slot[j] for j in node.inputs), node.dtype))
+    kernel = BlockKernel("k", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
+    return kernel, [values[graph.nodes[i].attrs[0]] for i in leaves]

@@ -25,7 +25,7 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions, Tiling, make_plan, 
 from arrayjob.planner.tiling import with_tilings
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
-from tests.helpers import write_array
+from tests.helpers import block_kernel, write_array
 
 FUSIONS = ("none", "all", "cost")
 CLUSTER = ClusterShape(nodes=2, workers_per_node=2)
@@ -255,34 +255,12 @@ def test_one_hot_products_run_as_loops_and_match_the_products(ids, monkeypatch):
     labels = (x @ c.T).argmin(axis=1, keepdims=True)
     onehot = (labels == group) * 1.0
     outputs = [onehot.T @ x, onehot.sum(axis=0), la.square(x - onehot @ c).sum()]
-    graph = la.capture(outputs)
-    leaves = [i for i, node in enumerate(graph.nodes) if node.op == "value"]
-    slot = {node: a for a, node in enumerate(leaves)}
-    steps = []
-    for i, node in enumerate(graph.nodes):
-        if node.op != "value":
-            slot[i] = len(leaves) + len(steps)
-            steps.append(Step(node.op, node.attrs, tuple(slot[j] for j in node.inputs), node.dtype))
-    kernel = BlockKernel("k", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
-    args = [{"X": X, "C": C, "ids": np.array(ids)}[graph.nodes[i].attrs[0]] for i in leaves]
+    kernel, args = block_kernel(outputs, {"X": X, "C": C, "ids": np.array(ids)})
     program = blockprogram.Program(kernel, args)
     assert len(program.rewrites) == 4  # three products and the argmin
     assert not any(program.shapes[op.out] == (n, k) and op.kind == "map" for op in program.ops)  # E is never built
     for got, want in zip(kernel(*args), kernel.interpret(*args), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-10)
-
-
-def _block_kernel(outputs, values):
-    graph = la.capture(outputs)
-    leaves = [i for i, node in enumerate(graph.nodes) if node.op == "value"]
-    slot = {node: a for a, node in enumerate(leaves)}
-    steps = []
-    for i, node in enumerate(graph.nodes):
-        if node.op != "value":
-            slot[i] = len(leaves) + len(steps)
-            steps.append(Step(node.op, node.attrs, tuple(slot[j] for j in node.inputs), node.dtype))
-    kernel = BlockKernel("k", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
-    return kernel, [values[graph.nodes[i].attrs[0]] for i in leaves]
 
 
 def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
@@ -295,7 +273,7 @@ def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
     X[7] = np.nan
     x, c, csq = la.value("X", (n, d)), la.value("C", (k, d)), la.value("csq", (k,))
     labels = (csq - 2.0 * (x @ c.T)).argmin(axis=1, keepdims=True)
-    kernel, args = _block_kernel([labels], {"X": X, "C": C, "csq": (C**2).sum(1)})
+    kernel, args = block_kernel([labels], {"X": X, "C": C, "csq": (C**2).sum(1)})
     program = blockprogram.Program(kernel, args)
     assert len(program.rewrites) == 1
     assert not any(program.shapes[op.out] == (n, k) for op in program.ops)  # no n × k scores

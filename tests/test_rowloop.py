@@ -8,23 +8,9 @@ import pytest
 from arrayjob import lazy as la
 from arrayjob.planner import blockprogram, rowloop
 from arrayjob.planner.ir import ELEMENTWISE
-from arrayjob.planner.kernels import BlockKernel, Step
+from tests.helpers import block_kernel
 
 N, D = 200_000, 5  # large enough to be cut into pieces (where row loops apply)
-
-
-def _kernel(outputs, values):
-    """The block kernel of ``outputs`` over ``la.value`` leaves, and its arguments."""
-    graph = la.capture(outputs)
-    leaves = [i for i, node in enumerate(graph.nodes) if node.op == "value"]
-    slot = {node: a for a, node in enumerate(leaves)}
-    steps = []
-    for i, node in enumerate(graph.nodes):
-        if node.op != "value":
-            slot[i] = len(leaves) + len(steps)
-            steps.append(Step(node.op, node.attrs, tuple(slot[j] for j in node.inputs), node.dtype))
-    kernel = BlockKernel("k", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
-    return kernel, [values[graph.nodes[i].attrs[0]] for i in leaves]
 
 
 def _data(scale=1.0):
@@ -47,7 +33,7 @@ def test_small_blocks_keep_the_pieces(monkeypatch):
 
 
 def _check(outputs, values, *, fits=True):
-    kernel, args = _kernel(outputs, values)
+    kernel, args = block_kernel(outputs, values)
     program = blockprogram.Program(kernel, args)
     assert (program.row_loop is not None) == fits
     with np.errstate(all="ignore"):
@@ -74,7 +60,7 @@ def test_logaddexp_and_sigmoid_of_the_same_value_share_one_exp(shift):
     data = _data() | {"s": np.float64(shift)}
     data["X"][50:53] = [[np.inf] * D, [-np.inf] * D, [np.nan] * D]  # margins ±inf and NaN
     _check(outputs, data)
-    kernel, args = _kernel(outputs, data)
+    kernel, args = block_kernel(outputs, data)
     carrier = next(i for i, a in enumerate(args) if np.ndim(a) == 2)
     source = rowloop._RowLoop(blockprogram.Program(kernel, args), carrier).source()
     assert "_logaddexp_sigmoid(p" in source and "_sigmoid(t" not in source

@@ -49,22 +49,27 @@ def gather(labels, ids, C):  # type: ignore[no-untyped-def]
     return out
 
 
+@numba.njit(inline="always")
+def _argmin(row):  # type: ignore[no-untyped-def]
+    """NumPy's argmin of a 1-D float64 row: the first minimum, or the first NaN."""
+    best, v = 0, row[0]
+    if v == v:
+        for j in range(1, row.shape[0]):
+            x = row[j]
+            if x != x:
+                return j
+            if x < v:
+                best, v = j, x
+    return best
+
+
 @jit
 def argmin_rows(S):  # type: ignore[no-untyped-def]
     """NumPy's ``S.argmin(axis=1, keepdims=True)`` for a 2-D float64 S (the first NaN wins)."""
-    n, k = S.shape
+    n = S.shape[0]
     out = np.zeros((n, 1), dtype=np.int64)
     for i in range(n):
-        best, v = 0, S[i, 0]
-        if v == v:
-            for j in range(1, k):
-                x = S[i, j]
-                if x != x:
-                    best = j
-                    break
-                if x < v:
-                    best, v = j, x
-        out[i, 0] = best
+        out[i, 0] = _argmin(S[i])
     return out
 
 
@@ -103,14 +108,5 @@ def nearest_rows(X, C, a, scale):  # type: ignore[no-untyped-def]
             for c in range(d):
                 acc += X[i, c] * C[j, c]
             scores[j] = a[j] - scale * acc
-        best, v = 0, scores[0]
-        if v == v:
-            for j in range(1, k):
-                x = scores[j]
-                if x != x:
-                    best = j
-                    break
-                if x < v:
-                    best, v = j, x
-        out[i, 0] = best
+        out[i, 0] = _argmin(scores)
     return out
