@@ -5,6 +5,10 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py pagerank-spmv  # SpMV of Aᵀ's row blocks in Ray tasks vs one process
     .venv/bin/python benchmarks/bench_micro.py block-sizes    # arrayjob loss+grad vs PlanOptions.target_block_bytes
     .venv/bin/python benchmarks/bench_micro.py peer-chunks    # dask chunk and Ray block sizes for the peers
+    .venv/bin/python benchmarks/bench_micro.py tsqr-block     # CholeskyQR2 vs Householder on one block, 1 thread
+    .venv/bin/python benchmarks/bench_micro.py kmeans-assign  # the assignment loop vs GEMM + argmin, one block
+    .venv/bin/python benchmarks/bench_micro.py pagerank-build # spread ids, distinct vs np.unique, in-place scaling
+    .venv/bin/python benchmarks/bench_micro.py s3-block       # one 256 MiB block through obstore and through s3fs
 """
 
 from __future__ import annotations
@@ -162,8 +166,151 @@ def peer_chunks(_: argparse.Namespace) -> None:
     ray.shutdown()
 
 
+BLOCK_ROWS = 500_000  # one block of the full-size X as the jobs cut it (8 blocks of 244 MiB)
+
+
+def _ms(fn, repeat: int = 5) -> str:  # type: ignore[no-untyped-def]
+    return f"{timed(fn, repeat).median * 1e3:8.1f} ms"
+
+
+def tsqr_block(_: argparse.Namespace) -> None:
+    """QR of one 500,000 × 64 block of X, 1 thread: the Householder block QR (LAPACK on
+    2,048-row sub-blocks) against CholeskyQR2's passes over the same block."""
+    from threadpoolctl import threadpool_limits
+
+    from arrayjob.jobs.tsqr import (
+        cholesky_of_stack,
+        cholesky_upper,
+        gram_block,
+        qr_block,
+        solve_twice_block,
+        solved_gram_block,
+    )
+
+    A = _X(BLOCK_ROWS)
+
+    def cholesky_qr2() -> None:
+        r1 = cholesky_upper(gram_block(A))
+        r2 = cholesky_of_stack(solved_gram_block(A, r1))
+        solve_twice_block(A, r1, r2)
+
+    with threadpool_limits(1):
+        print(f"  Householder qr_block (Q and R)    {_ms(lambda: qr_block(A), 3)}")
+        print(f"  CholeskyQR2, all three passes     {_ms(cholesky_qr2, 3)}")
+        print(f"  one pass over the block (sum)     {_ms(A.sum)}")
+
+
+def kmeans_assign(_: argparse.Namespace) -> None:
+    """The k-means step on one 500,000 × 64 block, k = 8, 1 thread: the nearest-rows loop the
+    planner runs, against the GEMM and argmin it replaces, the sums and counts loops, and
+    (proposed, not in arrayjob) one loop doing the assignment and the sums together."""
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    from arrayjob.planner import loops
+
+    @numba.njit(nogil=True, fastmath={"reassoc", "contract"})
+    def lloyd(X, C, a):  # type: ignore[no-untyped-def]
+        n, d = X.shape
+        k = C.shape[0]
+        sums, counts, scores = np.zeros((k, d)), np.zeros(k), np.empty(k)
+        for i in range(n):
+            for j in range(k):
+                acc = 0.0
+                for c in range(d):
+                    acc += X[i, c] * C[j, c]
+                scores[j] = a[j] - 2.0 * acc
+            best = loops._argmin(scores)
+            counts[best] += 1.0
+            for c in range(d):
+                sums[best, c] += X[i, c]
+        return sums, counts
+
+    X, k = _X(BLOCK_ROWS), 8
+    C = np.random.default_rng(0).standard_normal((k, X.shape[1]))
+    a, ids = (C**2).sum(1), np.arange(k, dtype=float)
+    labels = np.ascontiguousarray(loops.nearest_rows(X, C, a, 2.0)[:, 0])
+    with threadpool_limits(1):
+        print(f"  nearest_rows (the planner's loop)      {_ms(lambda: loops.nearest_rows(X, C, a, 2.0))}")
+        print(f"  X @ C.T alone (GEMM)                   {_ms(lambda: X @ C.T)}")
+        print(f"  scores and argmin (NumPy)              {_ms(lambda: (a - 2.0 * (X @ C.T)).argmin(axis=1))}")
+        print(f"  group_sum (sums per cluster)           {_ms(lambda: loops.group_sum(labels, ids, X))}")
+        print(f"  count                                  {_ms(lambda: loops.count(labels, ids))}")
+        print(f"  assignment and sums in one loop (prop.) {_ms(lambda: lloyd(X, C, a))}")
+        print(f"  one pass over the block (sum)          {_ms(X.sum)}")
+
+
+def pagerank_build(_: argparse.Namespace) -> None:
+    """The pagerank job's graph build on the full-size graph (1M nodes, 10M R-MAT edges):
+    targets per block with contiguous and with spread ids, ``distinct`` against
+    ``np.unique`` (on one block's keys and on 17.5 M random keys, the size of one block of
+    the 1 GB accuracy graph), and column scaling in place against a product with a
+    diagonal matrix, one thread."""
+    import scipy.sparse
+    import zarr
+
+    from arrayjob.jobs.pagerank import (
+        BuildBlock,
+        SplitByTarget,
+        distinct,
+        scale_block,
+        spread_ids,
+        spread_multiplier,
+    )
+
+    edges = zarr.open_array(str(DATA / "pagerank" / "edges.zarr"), mode="r")[...]
+    n = int(edges.max()) + 1
+    block = -(-n // 4)
+    a = spread_multiplier(n)
+    for name, targets in (("contiguous ids", edges[:, 1]), ("spread ids", spread_ids(edges[:, 1], n, a))):
+        share = np.bincount(targets // block, minlength=4) / len(edges)
+        print(f"  targets per block, {name:15s} {' '.join(f'{s:5.1%}' for s in share)}")
+    pieces = SplitByTarget(n, block, a)(edges)
+    column = np.empty((1, 1), dtype=object)
+    column[0, 0] = pieces[0, 0]
+    keys = pieces[0, 0][1][:, 1] * n + pieces[0, 0][1][:, 0]
+    random_keys = np.random.default_rng(3).integers(0, 4_000_000, 17_500_000) * 4_000_000 \
+        + np.random.default_rng(4).integers(0, 4_000_000, 17_500_000)
+    graph = BuildBlock(n, block)(column)
+    inverse, dangling = np.random.default_rng(5).random(n), np.zeros(n, dtype=bool)
+    m = graph[0, 0].matrix
+    print(f"  split all edges (4 blocks)              {_ms(lambda: SplitByTarget(n, block, a)(edges), 3)}")
+    print(f"  build block 0 ({len(keys):,} edges)       {_ms(lambda: BuildBlock(n, block)(column), 3)}")
+    print(f"  np.unique, block 0's keys               {_ms(lambda: np.unique(keys), 3)}")
+    print(f"  distinct, block 0's keys                {_ms(lambda: distinct(keys), 3)}")
+    print(f"  np.unique, 17.5 M random int64 keys     {_ms(lambda: np.unique(random_keys), 1)}")
+    print(f"  distinct, 17.5 M random int64 keys      {_ms(lambda: distinct(random_keys), 3)}")
+    print(f"  scale block 0 in place                  {_ms(lambda: scale_block(graph, inverse, dangling), 3)}")
+    print(f"  scale block 0 by a diagonal product     "
+          f"{_ms(lambda: (m @ scipy.sparse.diags(inverse)).tocsr(), 3)}")
+
+
+def s3_block(_: argparse.Namespace) -> None:
+    """One 256 MiB block (16 chunks of 16 MiB) of a Zarr array on the loopback S3 server, read
+    in this process through obstore (as workers read blocks) and through s3fs."""
+    import zarr
+    from bench_data import SIZES, write_s3_array
+    from bench_limits import LoopbackS3
+
+    from arrayjob.io.storage import StorageOptions, parse_uri, zarr_store
+
+    s3 = LoopbackS3()
+    try:
+        s3.create_bucket("micro")
+        uri = write_s3_array(SIZES["full"], s3.endpoint, "micro")
+        options = StorageOptions(endpoint_url=s3.endpoint)
+        rows = 256 * MiB // (64 * 8)
+        for name, for_blocks in (("obstore", True), ("s3fs", False)):
+            array = zarr.open_array(store=zarr_store(parse_uri(uri), options, read_only=True, for_blocks=for_blocks),
+                                    mode="r")
+            print(f"  {name:8s} {_ms(lambda array=array: array[:rows], 3)}")
+    finally:
+        s3.stop()
+
+
 COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-sizes": block_sizes,
-            "peer-chunks": peer_chunks}
+            "peer-chunks": peer_chunks, "tsqr-block": tsqr_block, "kmeans-assign": kmeans_assign,
+            "pagerank-build": pagerank_build, "s3-block": s3_block}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

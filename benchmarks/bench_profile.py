@@ -55,10 +55,10 @@ def _program(ctx, workload: str):  # type: ignore[no-untyped-def]
         C = np.random.default_rng(2).standard_normal((s.k, s.cols))
         step = kmeans_program(la.from_zarr(ctx.info("logreg", "X")), s.k, final=False)
         return step, {"centroids": C, "centroid_sq": (C**2).sum(1), "cluster_ids": np.arange(s.k, dtype=float)}, None
-    if workload == "tsqr":
-        from arrayjob.jobs.tsqr import TSQR, TSQRParams
+    if workload == "tsqr":  # the pass that forms Q; trsm's time does not depend on R₁'s values
+        from arrayjob.jobs.tsqr import R1, TSQR, TSQRParams
 
-        return TSQR(TSQRParams(), {"A": ctx.info("logreg", "X")}).program(ctx.workers), {}, None
+        return TSQR(TSQRParams(), {"A": ctx.info("logreg", "X")}).program(ctx.workers), {R1: np.eye(s.cols)}, None
     if workload == "mttkrp":
         import zarr
 
@@ -237,8 +237,34 @@ def kernel(args: argparse.Namespace) -> None:
             kr = (B[:, None, :] * C[None, :, :]).reshape(-1, B.shape[1])
             rates["unfolded block @ khatri-rao (one GEMM)"] = timed(
                 lambda: big.reshape(big.shape[0], -1) @ kr, 5).median
+        if args.workload == "logreg":
+            rates.update(_row_loop_variants(task.kernel.fn, block_args))
     for name, sec in rates.items():
         print(f"  {name:40s} {sec * 1e3:8.2f} ms  {big.nbytes / sec / 1e9:6.2f} GB/s of the block")
+
+
+def _row_loop_variants(kernel, block_args):  # type: ignore[no-untyped-def]
+    """The block's generated row loop with its exp, then also its log1p, replaced by
+    arithmetic: what the transcendental calls cost inside the loop."""
+    from bench_harness import timed
+
+    from arrayjob.planner import blockprogram, rowloop
+
+    program = blockprogram.Program(kernel, block_args)
+    if program.chunking is None or program.row_loop is None:
+        return {}
+    loop = rowloop._RowLoop(program, program.chunking.carrier)
+    source = loop.source()
+    no_exp = source.replace("e = math.exp(-abs(x))", "e = abs(x) * 0.5")
+    variants = {"row loop without exp": no_exp, "row loop without exp and log1p": no_exp.replace("+ math.log1p(e)", "+ e")}
+    out = {}
+    for name, text in variants.items():
+        assert text != source, "the generated loop no longer has the shared exp"
+        loop.source = lambda text=text: text  # type: ignore[method-assign]
+        run = loop.runner()
+        vals = list(block_args) + [None] * len(kernel.steps)
+        out[name] = timed(lambda run=run, vals=vals: run(vals), 5).median
+    return out
 
 
 def _spy(seconds: float, pids: list[int], out: str) -> list[subprocess.Popen]:

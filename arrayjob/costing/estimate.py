@@ -171,8 +171,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                           placement=spec.planner.placement, cluster=cluster)
     assumed, source = job.iterations_assumed(iterations)
     load = StageEstimate("load")
-    fit = StageEstimate(getattr(job, "compute_stage", "fit"), runs=0)
-    build_passes = getattr(job, "build_passes", 0)
+    fit = StageEstimate(job.compute_stage, runs=0)
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
     load_seconds = fit_seconds = 0.0
@@ -190,7 +189,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
             load.tasks += len({a for t in plan.physical.tasks for a in t.args if isinstance(a, SourceBlock)})
             sources_seen.update(s.array.uri for s in fresh)
         # a pass is priced in the stage the job runs it in (PageRank builds its graph in "load")
-        stage = load if index < build_passes else fit
+        stage = load if index < job.build_passes else fit
         seconds = runs * (_compute_seconds(cost, profile, cluster) + profile.run_overhead_seconds)
         if stage is load:
             load_seconds += seconds

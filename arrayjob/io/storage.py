@@ -170,8 +170,8 @@ def _bucket_region(session: Any, bucket: str) -> str:
 def _s3_block_store(location: Location, options: StorageOptions) -> Store:
     """A read-only S3 store through obstore (the Rust object_store crate) for block reads.
 
-    Measured on loopback S3 (2 cores): one 256 MiB block of 16 MiB chunks in 0.18 s, against
-    0.37 s through s3fs/aiohttp; the block reads of a job are its load stage. Credentials
+    Measured on loopback S3 (2 cores, ``benchmarks/bench_micro.py s3-block``): one 256 MiB
+    block of 16 MiB chunks in 0.22 s, against 0.47 s through s3fs/aiohttp; the block reads of a job are its load stage. Credentials
     come from a boto3 session (profile, environment, instance role), as for s3fs; the
     region from the session, else from the bucket itself (``_bucket_region``).
     """

@@ -7,8 +7,8 @@ QR factorization", 2014). One pass sums the blocks' Grams AᵢᵀAᵢ; the drive
 G = R₁ᵀR₁ (Cholesky) and checks cond(R₁) <= ``COND_LIMIT``. A second pass sums the Grams
 of Q₁ = A R₁⁻¹ (BLAS trsm), G₂ = R₂ᵀR₂; a third forms Q = Q₁ R₂⁻¹ (Q₁ again, not kept),
 and R = R₂R₁.
-All of it is level-3 BLAS (measured on one core, a 500,000 × 64 block: 0.58 s against
-1.55 s for the Householder block QR below), and Q is orthogonal to machine precision while
+All of it is level-3 BLAS (one core, a 500,000 × 64 block of the bench's X: 0.76 s
+against 1.81 s for the Householder block QR below; ``benchmarks/bench_micro.py tsqr-block``), and Q is orthogonal to machine precision while
 cond(A) stays well below u^(-1/2) ≈ 7·10⁷ — the limit of 10⁶ leaves a margin of 60. When
 the Cholesky fails or cond(R₁) is above the limit, the run falls back to Householder.
 
@@ -280,11 +280,12 @@ class TSQR(Job):
         workers = ctx.session.options.cluster.workers
         rows = block_rows_for(self, "A", workers)
         target = ctx.result.create_array("Q", shape=(n, d), chunks=(A.chunks[0], d), dtype="float64")
-        q_h, r_h = tsqr_program(la.from_zarr(A), rows, with_q=True)
+        stored = la.from_zarr(A)
+        q_h, r_h = tsqr_program(stored, rows, with_q=True)
         assert q_h is not None
         householder = {"written": la.store(q_h, target, ctx.storage), "R": r_h}
         auto = self.params.method == "auto"
-        first = {"grams": gram_program(la.from_zarr(A), rows)} if auto else householder
+        first = {"grams": gram_program(stored, rows)} if auto else householder
         with ctx.metrics.stage("load"):
             ctx.session.load(first)
         with ctx.metrics.stage(self.compute_stage):

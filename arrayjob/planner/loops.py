@@ -96,8 +96,7 @@ def argmax_rows(S):  # type: ignore[no-untyped-def]
 def nearest_rows(X, C, a, scale):  # type: ignore[no-untyped-def]
     """``(a - scale * X @ C.T).argmin(axis=1, keepdims=True)`` without the n × k scores: per
     row, k dot products (vectorised: the sums may be reassociated, as BLAS does) into a
-    k-long buffer, then its argmin (the first NaN wins, as in NumPy). Scoring all k before
-    comparing is 1.4× faster than a running minimum (37 vs 53 ms per 500,000 × 64 rows)."""
+    k-long buffer, then its argmin (the first NaN wins, as in NumPy)."""
     n, d = X.shape
     k = C.shape[0]
     out = np.zeros((n, 1), dtype=np.int64)

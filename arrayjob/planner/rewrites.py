@@ -12,9 +12,10 @@ equals its label, so repeated or missing ids behave as the product does) and eac
 axes, so row sub-blocking treats the rewritten step as the contraction it replaces.
 
 *Nearest rows.* ``(a − s·X @ Cᵀ).argmin(axis=1)`` with C short (k-means' assignment,
-``‖c‖² − 2x·c``) runs as one loop over X's rows: k dot products and a running minimum per
-row, with no n × k scores. Measured on one 500,000 × 64 block, k = 8, one core: the loop
-37 ms, against 34 ms for the GEMM X @ Cᵀ alone and about 90 ms for scores and argmin.
+``‖c‖² − 2x·c``) runs as one loop over X's rows: k dot products and their argmin per row,
+with no n × k scores. One 500,000 × 64 block, k = 8, one core: the loop 32 ms, against
+50 ms for the GEMM X @ Cᵀ alone and 68 ms for scores and argmin
+(``benchmarks/bench_micro.py kmeans-assign``).
 
 *Arg-reductions over short rows.* ``argmin``/``argmax`` over the last axis of an n × k array
 with k small (k-means' nearest centroid) is a strided loop per row in NumPy: 55 µs for a

@@ -223,7 +223,8 @@ class _RowLoop:
     def _share_exp(self) -> None:
         """``t = _logaddexp(p, x)`` and ``u = _sigmoid(x)`` of the same x (a logistic loss
         and its gradient) become one ``_logaddexp_sigmoid`` call: one exp per row instead
-        of two (measured: 6.3 -> 5.0 ms for a 100,000 × 64 block's loss and gradient)."""
+        of two (``benchmarks/bench_profile.py kernel logreg`` times the loop, and the loop
+        with its exp and its log1p replaced by arithmetic)."""
         sigmoid = {m.group(2): (i, m.group(1)) for i, line in enumerate(self.lines)
                    if (m := re.fullmatch(r"(t\d+) = _sigmoid\((t\d+|a\d+\[i(?:, 0)?\])\)", line))}
         for i, line in enumerate(self.lines):
