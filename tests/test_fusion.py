@@ -280,6 +280,28 @@ def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
     np.testing.assert_array_equal(kernel(*args), kernel.interpret(*args))
 
 
+@pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0, 4.0], [3.0, 3.0, 9.0, 0.0, 1.0]])  # repeated, missing
+@pytest.mark.parametrize("n", [40_001, 40_000])  # an odd row left after the pairs, or none
+def test_kmeans_step_is_one_loop_over_X_and_matches_the_products(ids, n, monkeypatch):
+    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 0)
+    rng = np.random.default_rng(11)
+    d, k = 6, 5
+    X = rng.integers(-3, 4, (n, d)).astype(float)  # small integers: exact sums and exact ties
+    C = rng.integers(-2, 3, (k, d)).astype(float)
+    C[3] = C[1]
+    x, c, csq, group = la.value("X", (n, d)), la.value("C", (k, d)), la.value("csq", (k,)), la.value("ids", (k,))
+    onehot = ((csq - 2.0 * (x @ c.T)).argmin(axis=1, keepdims=True) == group) * 1.0
+    kernel, args = block_kernel([onehot.T @ x, onehot.sum(axis=0)],
+                                {"X": X, "C": C, "csq": (C**2).sum(1), "ids": np.array(ids)})
+    program = blockprogram.Program(kernel, args)
+    assert len(program.packed) == 1
+    readers = [op for op in program.ops if 0 in op.inputs]  # X is argument 0
+    assert len(readers) == 1, [op.kind for op in program.ops]  # one pass: no separate assignment, sums, counts
+    got, want = kernel(*args), kernel.interpret(*args)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])  # integers: exact in any order
+
+
 @pytest.mark.parametrize("fn", ["argmin", "argmax"])
 def test_arg_reductions_over_short_rows_match_numpy_with_ties_and_nans(fn):
     from arrayjob.planner import loops

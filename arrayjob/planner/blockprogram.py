@@ -45,7 +45,7 @@ import numpy as np
 
 from arrayjob.planner import rowloop
 from arrayjob.planner.ir import COMPARISONS, infer_shape, parse_einsum
-from arrayjob.planner.rewrites import rewrites
+from arrayjob.planner.rewrites import packed, rewrites
 
 try:  # numexpr is a dependency; without it kernels run NumPy step by step
     from numexpr import set_num_threads
@@ -113,6 +113,10 @@ class Program:
         largest = max((math.prod(shapes[s]) * np.dtype(dtypes[s]).itemsize for s in range(n_args)), default=0)
         loops = largest >= LOOP_MIN_BYTES
         self.rewrites = rewrites(kernel, shapes, dtypes) if loops else {}
+        self.packed = packed(kernel, self.rewrites, shapes)  # in extra slots after the steps'
+        for pack in self.packed:
+            shapes.append(pack.shape)
+            dtypes.append("float64")
         self.ops = _live(self._ops(evaluate), set(kernel.outputs))
         self.done_after = last_uses([op.inputs for op in self.ops], keep={*kernel.outputs, *range(n_args)})
         self.chunking = _Chunking.of(self) if len(self.ops) > 1 else None
@@ -168,8 +172,15 @@ class Program:
 
         ops: list[_Op] = []
         rejected: list[int] = []
+        packs = {i: (n + len(steps) + p, pack) for p, pack in enumerate(self.packed) for i in pack.parts}
         for i, step in enumerate(steps):
             slot = n + i
+            if i in packs:
+                at, pack = packs[i]
+                if not any(op.out == at for op in ops):
+                    ops.append(_Op(at, pack.inputs, "einsum", (pack.subscripts,), pack.run))
+                ops.append(_Op(slot, (at,), "part", (), lambda vals, at=at, part=pack.parts[i]: part(vals[at])))
+                continue
             if i in self.rewrites:
                 rewrite = self.rewrites[i]
                 ops.append(_Op(slot, rewrite.inputs, "einsum", (rewrite.subscripts,), rewrite.run))
@@ -224,7 +235,7 @@ class Program:
 
     # -- running -------------------------------------------------------------------------
     def __call__(self, args: Sequence[Any]) -> list[Any]:
-        vals: list[Any] = list(args) + [None] * len(self.kernel.steps)
+        vals: list[Any] = list(args) + [None] * (len(self.shapes) - len(args))
         if self.row_loop is not None:
             self.row_loop(vals)
         elif self.chunking is None:

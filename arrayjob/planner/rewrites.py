@@ -41,6 +41,20 @@ class Rewrite:
     inputs: tuple[int, ...]
     subscripts: str  # the axes of inputs and output, for the row analysis ("rz,c,rm->cm")
     run: Callable[[list[Any]], Any]
+    loop: str = ""  # the loop's name in ``loops``
+    scale: float = 1.0  # nearest rows' s
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Steps one loop computes together, into one array (an extra slot of the program); each
+    step's value is a slice of it."""
+
+    inputs: tuple[int, ...]
+    subscripts: str
+    run: Callable[[list[Any]], Any]
+    shape: tuple[int, ...]
+    parts: dict[int, Callable[[Any], Any]]  # step index -> its value from the packed array
 
 
 def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str]) -> dict[int, Rewrite]:
@@ -62,7 +76,8 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
             if nearest is not None:
                 (x, c, a), scale = nearest
                 found[i] = Rewrite((x, c, a), "rm,cm,c->rz", lambda vals, x=x, c=c, a=a, s=scale: loops.nearest_rows(
-                    np.ascontiguousarray(vals[x]), np.ascontiguousarray(vals[c]), np.ascontiguousarray(vals[a]), s))
+                    np.ascontiguousarray(vals[x]), np.ascontiguousarray(vals[c]), np.ascontiguousarray(vals[a]), s),
+                    "nearest_rows", scale)
                 continue
             loop = loops.argmin_rows if step.attrs[0] == "argmin" else loops.argmax_rows
             found[i] = Rewrite((source,), "rk->rz", lambda vals, s=source, f=loop: f(np.ascontiguousarray(vals[s])))
@@ -72,7 +87,7 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
         if step.op == "reduce" and step.attrs[0] == "sum" and tuple(step.attrs[1]) == (0,) and not step.attrs[2] \
                 and step.inputs[0] in onehots:
             labels, ids = onehots[step.inputs[0]]
-            found[i] = Rewrite((labels, ids), "rz,c->c", _call(loops.count, labels, ids))
+            found[i] = Rewrite((labels, ids), "rz,c->c", _call(loops.count, labels, ids), "count")
         elif step.op == "einsum" and len(step.inputs) == 2 and step.inputs[0] in onehots:
             labels, ids = onehots[step.inputs[0]]
             other = step.inputs[1]
@@ -81,10 +96,39 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
             terms, out = step.attrs[0].split("->")
             (r, c), (a, b) = terms.split(",")
             if r == a and b not in (r, c) and out == c + b:  # Eᵀ @ X: rows summed per group
-                found[i] = Rewrite((labels, ids, other), "rz,c,rm->cm", _call(loops.group_sum, labels, ids, other))
+                found[i] = Rewrite((labels, ids, other), "rz,c,rm->cm", _call(loops.group_sum, labels, ids, other),
+                                   "group_sum")
             elif c == a and b not in (r, c) and out == r + b:  # E @ C: each row's group row
                 found[i] = Rewrite((labels, ids, other), "rz,c,cm->rm", _call(loops.gather, labels, ids, other))
     return found
+
+
+def packed(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[tuple[int, ...]]) -> list[Packed]:
+    """Rewritten steps one loop can do together: the sums per group of X's rows and their
+    counts, when the groups are X's nearest rows of C (k-means' step), as one pass over X
+    (``loops.nearest_group_sums``) instead of the assignment, the sums and the counts apart.
+    The assignment's own rewrite stays for any other reader of the labels (else it is dead).
+    As with ``group_sum``, a NaN in X reaches only its own group's sum (the product would
+    spread 0 · NaN to every group); jobs refuse NaN input before any of this runs."""
+    nearest = {kernel.n_args + i: r for i, r in found.items() if r.loop == "nearest_rows"}
+    loops, packs, taken = _loops(), [], set()
+    for i, r in found.items():
+        if r.loop != "group_sum" or r.inputs[0] not in nearest or nearest[r.inputs[0]].inputs[0] != r.inputs[2]:
+            continue
+        labels, ids, x = r.inputs
+        near, d = nearest[labels], shapes[x][1]
+        counts = [j for j, q in found.items() if q.loop == "count" and q.inputs == (labels, ids) and j not in taken]
+        taken.update(counts)
+        parts: dict[int, Callable[[Any], Any]] = {i: lambda p, d=d: np.ascontiguousarray(p[:, :d])}
+        parts.update({j: lambda p, d=d: p[:, d].copy() for j in counts})
+        _, c, a = near.inputs
+
+        def run(vals: list[Any], x: int = x, c: int = c, a: int = a, ids: int = ids, s: float = near.scale) -> Any:
+            return loops.nearest_group_sums(*(np.ascontiguousarray(vals[t], dtype=np.float64) for t in (x, c, a)), s,
+                                            np.ascontiguousarray(vals[ids], dtype=np.float64))
+
+        packs.append(Packed((x, c, a, ids), "rm,cm,c,k->kM", run, (shapes[ids][0], d + 1), parts))
+    return packs
 
 
 def _one_hot(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str],
