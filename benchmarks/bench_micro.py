@@ -308,9 +308,31 @@ def s3_block(_: argparse.Namespace) -> None:
         s3.stop()
 
 
+def ray_returns(_: argparse.Namespace) -> None:
+    """What Ray charges per task and per returned slice on a local 2-CPU Ray: 2 or 4 trivial
+    tasks at once (one 8 MB argument in the object store, as PageRank's r) returning 8 MB in
+    all, or one float each. The pagerank job's one-block-per-worker choice rests on this."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 10**9)
+    try:
+        task = ray.remote(lambda rows, _: np.full(rows, 1.0))
+        rank = ray.put(np.zeros(1_000_000))
+        for tasks in (2, 4):
+            for rows in (1_048_576 // tasks, 1):
+                def run(tasks=tasks, rows=rows):  # type: ignore[no-untyped-def]
+                    return ray.get([task.remote(rows, rank) for _ in range(tasks)])
+
+                returned = f"{8 * rows / 2**20:.0f} MiB each" if rows > 1 else "one float each"
+                print(f"  {tasks} tasks at once, returning {returned:14s} {_ms(run, 30)}")
+        print(f"  ray.put of 8 MB (r)                          {_ms(lambda: ray.put(np.ones(1_000_000)), 30)}")
+    finally:
+        ray.shutdown()
+
+
 COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-sizes": block_sizes,
             "peer-chunks": peer_chunks, "tsqr-block": tsqr_block, "kmeans-assign": kmeans_assign,
-            "pagerank-build": pagerank_build, "s3-block": s3_block}
+            "pagerank-build": pagerank_build, "s3-block": s3_block, "ray-returns": ray_returns}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

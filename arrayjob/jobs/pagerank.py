@@ -17,9 +17,19 @@ new r and two partial sums.
 Node ids are spread over the blocks by a fixed bijection, i ↦ i·a mod n with a ≈ n/φ
 coprime to n (Fibonacci hashing; ``spread_multiplier``): power-law graphs put most edges on
 a few low ids (R-MAT at 1M nodes: 58 % of the targets in the first quarter of the ids), and
-contiguous id ranges would leave one worker with most of every iteration. Spread, the
-four blocks hold 24.8–25.5 % of the edges (``benchmarks/bench_micro.py pagerank-build``). The kept graph and the vectors
-of the iterations are in spread order; the result is put back in id order at the end.
+contiguous id ranges would leave one worker with most of every iteration. Spread, four
+blocks hold 24.8–25.5 % of the edges (``benchmarks/bench_micro.py pagerank-build``), two
+49.7 and 50.3 %. The kept graph and the vectors of the iterations are in spread order;
+the result is put back in id order at the end.
+
+There is one block per worker, not more: an iteration's tasks are short (about 20 ms for
+5M nonzeros) and Ray's cost per task and per returned slice is not (on a local 2-CPU Ray,
+2 tasks returning 4 MiB each take 12.5–14 ms, 4 returning 2 MiB 14.5–16.5 ms, 4 returning
+nothing 7–9 ms: ``benchmarks/bench_micro.py ray-returns``), so two blocks on 2 workers
+made an iteration of the 1M-node benchmark graph 41–45 ms against 55–60 ms for four
+(``benchmarks/bench_profile.py run pagerank``, three runs of each). The per-block sums of the L1 change and the dangling mass come back as a
+(blocks, 2) array the driver adds up: summed as tasks they cost blocks + 1 more tasks and
+two more round trips every iteration.
 
 Cost: build, one pass over the edges (16E bytes) and one shuffle of them; per iteration,
 2E flops, 8n bytes to each of B blocks and 8n bytes back.
@@ -262,7 +272,7 @@ class PageRank(Job):
         e = self._edge_array
         chunk = e.chunks[0]
         chunks = math.ceil(e.shape[0] / chunk)
-        block = math.ceil(n / max(1, min(n, 2 * workers)))
+        block = math.ceil(n / max(1, min(n, workers)))  # one block per worker: see the module note
         blocks = math.ceil(n / block)
         if self.csr:
             starts = la.value("chunk_starts", (chunks,), "int64")
@@ -327,7 +337,9 @@ class PageRank(Job):
                                     outputs=[((n,), "float64", block), ((blocks, 2), "float64", 1)],
                                     block_rows=[1, None, None],
                                     cost=GraphWork("product", self._edges_per_block(blocks), block, vector=n))
-        return {"rank": rank, "stats": stats.sum(axis=0)}  # stats: [L1 change, dangling mass]
+        # per block [L1 change, dangling mass]: the driver adds the B rows (a sum as tasks
+        # would be B + 1 more tasks and two more round trips every iteration)
+        return {"rank": rank, "stats": stats}
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
@@ -358,7 +370,7 @@ class PageRank(Job):
             for iterations in range(1, p.max_iter + 1):  # noqa: B007
                 base = (p.damping * dangling_mass + 1.0 - p.damping) / n
                 r = ctx.session.compute(step, {"rank": rank, "base": base})
-                rank, (delta, dangling_mass) = r["rank"], (float(v) for v in r["stats"])
+                rank, (delta, dangling_mass) = r["rank"], (float(v) for v in r["stats"].sum(axis=0))
                 if delta <= p.tol:
                     converged = True
                     break
