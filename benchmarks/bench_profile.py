@@ -169,6 +169,11 @@ def run(args: argparse.Namespace) -> None:
             for p in spies:
                 p.wait()
             print(f"py-spy: {args.spy_out}.<pid> (driver {os.getpid()}); fold with `summarize`")
+        windows = []
+        for _ in range(args.passes):  # unprofiled: where a pass's wall time goes
+            begin = time.time()
+            session.compute(program, values)
+            windows.append((begin, time.time()))
         profile = cProfile.Profile()
         start, started = time.perf_counter(), time.time()
         profile.enable()
@@ -176,9 +181,11 @@ def run(args: argparse.Namespace) -> None:
             session.compute(program, values)
         profile.disable()
         wall = (time.perf_counter() - start) / args.passes
-        print(f"{args.passes} passes: {wall:.4f} s per pass (driver wall)")
+        print(f"{args.passes} passes: {wall:.4f} s per pass (driver wall, under cProfile)")
         _driver_split(profile, args.passes)
-        _task_seconds(ray.timeline(), wall, args.passes, (started, time.time()))
+        events = ray.timeline()
+        _task_seconds(events, wall, args.passes, (started, time.time()))
+        _pass_timeline(events, windows)
     if s3 is not None:
         s3.stop()
     return None
@@ -323,6 +330,30 @@ def _task_seconds(events: list[dict], wall: float, passes: int, window: tuple[fl
     for name, durs in sorted(per.items()):
         print(f"  {name:50s} {len(durs) / passes:6.1f} tasks, {sum(durs) / passes:8.4f} s, "
               f"median {np.median(durs) * 1e3:8.2f} ms")
+
+
+def _pass_timeline(events: list[dict], windows: list[tuple[float, float]]) -> None:
+    """Where an unprofiled pass's wall time goes, from Ray's timeline: the driver's call to
+    the first task executing, each worker's busy time (arguments, execution, results) and
+    the time it waits between tasks, and the last task's end to the driver's return."""
+    spans = sorted((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, (e.get("pid"), e.get("tid")))
+                   for e in events if e.get("ph") == "X" and str(e.get("cat", "")).startswith("task::"))
+    parts: dict[str, list[float]] = collections.defaultdict(list)
+    for begin, end in windows:
+        inside = [s for s in spans if begin <= s[0] and s[1] <= end]
+        if not inside:
+            continue
+        parts["pass wall"].append(end - begin)
+        parts["driver call -> first task starts"].append(inside[0][0] - begin)
+        parts["last task ends -> driver returns"].append(end - max(s[1] for s in inside))
+        for worker in {s[2] for s in inside}:
+            mine = [s for s in inside if s[2] == worker]
+            parts["a worker: in tasks"].append(sum(e - b for b, e, _ in mine))
+            gaps = [later[0] - earlier[1] for earlier, later in zip(mine, mine[1:], strict=False)]
+            parts["a worker: waiting between its tasks"].append(sum(gaps))
+    print(f"an unprofiled pass (median of {len(parts['pass wall'])}; Ray timeline):")
+    for name, values in parts.items():
+        print(f"  {name:40s} {np.median(values) * 1e3:8.2f} ms")
 
 
 def _process_kind(frames: list[str], default: str) -> str:

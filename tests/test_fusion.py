@@ -630,6 +630,24 @@ def test_fused_kernels_compile_and_run_on_ray_workers(tmp_path):
     np.testing.assert_allclose(result["put"], want_put, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("subscripts", ["ijk,jf,kf->if", "ijk,kf,jf->fi", "jf,ijk,kf->if", "ijk,if,kf->jf",
+                                        "abjk,jf,kf->bfa"])
+def test_contractions_in_pieces_of_the_big_block_match_einsum(subscripts, monkeypatch):
+    from arrayjob.planner import kernels
+
+    monkeypatch.setattr(kernels, "PIECE_BYTES", 600)  # a piece's first product: a few rows of 8 × 4
+    kernels._pieces.cache_clear()
+    rng = np.random.default_rng(12)
+    sizes = dict(zip("ijkfab", (23, 8, 9, 4, 11, 3), strict=True))
+    terms = subscripts.split("->")[0].split(",")
+    blocks = [rng.standard_normal([sizes[x] for x in t]) for t in terms]
+    shapes = tuple(b.shape for b in blocks)
+    cut = subscripts.split("->")[1] != "jf"  # mode 1 sums the big block's first axis away: whole
+    assert (kernels._pieces(subscripts, shapes) is not None) == cut
+    np.testing.assert_allclose(kernels._einsum(subscripts, *blocks), np.einsum(subscripts, *blocks), rtol=1e-12)
+    kernels._pieces.cache_clear()
+
+
 @pytest.mark.parametrize("subscripts", ["ijk,jf,kf->if", "ijk,if,kf->jf", "ijk,if,jf->kf", "ij,jk,kl->il",
                                         "ijk,kf,if->jf", "abc,c->ab"])
 def test_contractions_of_three_blocks_match_einsum(subscripts):
