@@ -351,6 +351,11 @@ def _pass_timeline(events: list[dict], windows: list[tuple[float, float]]) -> No
             parts["a worker: in tasks"].append(sum(e - b for b, e, _ in mine))
             gaps = [later[0] - earlier[1] for earlier, later in zip(mine, mine[1:], strict=False)]
             parts["a worker: waiting between its tasks"].append(sum(gaps))
+    if os.environ.get("SHOW_PASS"):
+        begin, end = windows[len(windows) // 2]
+        for b, e, worker in spans:
+            if begin <= b and e <= end:
+                print(f"    {worker}  {1e3 * (b - begin):7.2f} -> {1e3 * (e - begin):7.2f} ms")
     print(f"an unprofiled pass (median of {len(parts['pass wall'])}; Ray timeline):")
     for name, values in parts.items():
         print(f"  {name:40s} {np.median(values) * 1e3:8.2f} ms")

@@ -22,12 +22,16 @@ blocks hold 24.8–25.5 % of the edges (``benchmarks/bench_micro.py pagerank-bui
 49.7 and 50.3 %. The kept graph and the vectors of the iterations are in spread order;
 the result is put back in id order at the end.
 
-There is one block per worker, not more: an iteration's tasks are short (about 20 ms for
-5M nonzeros) and Ray's cost per task and per returned slice is not (on a local 2-CPU Ray,
-2 tasks returning 4 MiB each take 12.5–14 ms, 4 returning 2 MiB 14.5–16.5 ms, 4 returning
-nothing 7–9 ms: ``benchmarks/bench_micro.py ray-returns``), so two blocks on 2 workers
-made an iteration of the 1M-node benchmark graph 41–45 ms against 55–60 ms for four
-(``benchmarks/bench_profile.py run pagerank``, three runs of each). The per-block sums of the L1 change and the dangling mass come back as a
+Blocks per worker: one, or two when each still holds ``EDGES_FOR_TWO_BLOCKS`` edges. On
+small graphs an iteration's tasks are short (about 20 ms for 5M nonzeros) and Ray's cost
+per task and per returned slice is not (on a local 2-CPU Ray, 2 tasks returning 4 MiB
+each take 12.5–14 ms, 4 returning 2 MiB 14.5–16.5 ms, 4 returning nothing 7–9 ms:
+``benchmarks/bench_micro.py ray-returns``): on 2 workers, two blocks made an iteration of
+the 1M-node, 10M-edge benchmark graph 41–45 ms against 55–60 ms for four
+(``benchmarks/bench_profile.py run pagerank``, three runs of each). On big graphs two
+blocks per worker balance better: 4M nodes and 70M edges (estimate_accuracy's large
+PageRank) took 0.28 s per iteration and a 14.7 s build with four blocks, 0.32–0.38 s and
+16.4–18.3 s with two. The per-block sums of the L1 change and the dangling mass come back as a
 (blocks, 2) array the driver adds up: summed as tasks they cost blocks + 1 more tasks and
 two more round trips every iteration.
 
@@ -84,6 +88,9 @@ class GraphWork:
         return {product: self.edges, "elementwise": 6.0 * self.rows}
 
 
+# Two graph blocks per worker once each holds this many edges (about 30 ms of SpMV per
+# iteration, several times Ray's cost per task); one below (see the module note).
+EDGES_FOR_TWO_BLOCKS = 8_000_000
 SPMV_CACHE_BYTES = 16 * 2**20  # a gathered vector above this misses the cache (half of a 32 MiB L3)
 
 
@@ -272,7 +279,8 @@ class PageRank(Job):
         e = self._edge_array
         chunk = e.chunks[0]
         chunks = math.ceil(e.shape[0] / chunk)
-        block = math.ceil(n / max(1, min(n, workers)))  # one block per worker: see the module note
+        per_worker = 2 if e.shape[0] >= 2 * workers * EDGES_FOR_TWO_BLOCKS else 1  # see the module note
+        block = math.ceil(n / max(1, min(n, per_worker * workers)))
         blocks = math.ceil(n / block)
         if self.csr:
             starts = la.value("chunk_starts", (chunks,), "int64")
