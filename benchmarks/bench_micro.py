@@ -6,9 +6,11 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py block-sizes    # arrayjob loss+grad vs PlanOptions.target_block_bytes
     .venv/bin/python benchmarks/bench_micro.py peer-chunks    # dask chunk and Ray block sizes for the peers
     .venv/bin/python benchmarks/bench_micro.py tsqr-block     # CholeskyQR2 vs Householder on one block, 1 thread
-    .venv/bin/python benchmarks/bench_micro.py kmeans-assign  # the assignment loop vs GEMM + argmin, one block
+    .venv/bin/python benchmarks/bench_micro.py kmeans-assign  # the k-means step's loop vs the loops and GEMM before it
     .venv/bin/python benchmarks/bench_micro.py pagerank-build # spread ids, distinct vs np.unique, in-place scaling
     .venv/bin/python benchmarks/bench_micro.py s3-block       # one 256 MiB block through obstore and through s3fs
+    .venv/bin/python benchmarks/bench_micro.py ray-returns    # Ray's cost per task, per returned slice, per hand-over
+    .venv/bin/python benchmarks/bench_micro.py mttkrp-gemm    # the rank-32 GEMM's rate in every layout, 1 thread
 """
 
 from __future__ import annotations
@@ -201,43 +203,25 @@ def tsqr_block(_: argparse.Namespace) -> None:
 
 
 def kmeans_assign(_: argparse.Namespace) -> None:
-    """The k-means step on one 500,000 × 64 block, k = 8, 1 thread: the nearest-rows loop the
-    planner runs, against the GEMM and argmin it replaces, the sums and counts loops, and
-    (proposed, not in arrayjob) one loop doing the assignment and the sums together."""
-    import numba
+    """The k-means step on one 500,000 × 64 block, k = 8, 1 thread: the one loop the planner
+    runs (assignment, sums and counts: ``loops.nearest_group_sums``), the three loops it
+    replaced, and the GEMM and argmin the assignment loop replaced before them."""
     from threadpoolctl import threadpool_limits
 
     from arrayjob.planner import loops
-
-    @numba.njit(nogil=True, fastmath={"reassoc", "contract"})
-    def lloyd(X, C, a):  # type: ignore[no-untyped-def]
-        n, d = X.shape
-        k = C.shape[0]
-        sums, counts, scores = np.zeros((k, d)), np.zeros(k), np.empty(k)
-        for i in range(n):
-            for j in range(k):
-                acc = 0.0
-                for c in range(d):
-                    acc += X[i, c] * C[j, c]
-                scores[j] = a[j] - 2.0 * acc
-            best = loops._argmin(scores)
-            counts[best] += 1.0
-            for c in range(d):
-                sums[best, c] += X[i, c]
-        return sums, counts
 
     X, k = _X(BLOCK_ROWS), 8
     C = np.random.default_rng(0).standard_normal((k, X.shape[1]))
     a, ids = (C**2).sum(1), np.arange(k, dtype=float)
     labels = np.ascontiguousarray(loops.nearest_rows(X, C, a, 2.0)[:, 0])
     with threadpool_limits(1):
-        print(f"  nearest_rows (the planner's loop)      {_ms(lambda: loops.nearest_rows(X, C, a, 2.0))}")
-        print(f"  X @ C.T alone (GEMM)                   {_ms(lambda: X @ C.T)}")
-        print(f"  scores and argmin (NumPy)              {_ms(lambda: (a - 2.0 * (X @ C.T)).argmin(axis=1))}")
-        print(f"  group_sum (sums per cluster)           {_ms(lambda: loops.group_sum(labels, ids, X))}")
-        print(f"  count                                  {_ms(lambda: loops.count(labels, ids))}")
-        print(f"  assignment and sums in one loop (prop.) {_ms(lambda: lloyd(X, C, a))}")
-        print(f"  one pass over the block (sum)          {_ms(X.sum)}")
+        print(f"  nearest_group_sums (the planner's loop) {_ms(lambda: loops.nearest_group_sums(X, C, a, 2.0, ids))}")
+        print(f"  nearest_rows (the assignment alone)     {_ms(lambda: loops.nearest_rows(X, C, a, 2.0))}")
+        print(f"  group_sum (sums per cluster)            {_ms(lambda: loops.group_sum(labels, ids, X))}")
+        print(f"  count                                   {_ms(lambda: loops.count(labels, ids))}")
+        print(f"  X @ C.T alone (GEMM)                    {_ms(lambda: X @ C.T)}")
+        print(f"  scores and argmin (NumPy)               {_ms(lambda: (a - 2.0 * (X @ C.T)).argmin(axis=1))}")
+        print(f"  one pass over the block (sum)           {_ms(X.sum)}")
 
 
 def pagerank_build(_: argparse.Namespace) -> None:
@@ -311,7 +295,10 @@ def s3_block(_: argparse.Namespace) -> None:
 def ray_returns(_: argparse.Namespace) -> None:
     """What Ray charges per task and per returned slice on a local 2-CPU Ray: 2 or 4 trivial
     tasks at once (one 8 MB argument in the object store, as PageRank's r) returning 8 MB in
-    all, or one float each. The pagerank job's one-block-per-worker choice rests on this."""
+    all, or one float each; and 8 tasks that keep a CPU busy for 29 ms each (the logreg
+    block's time), against the 116 ms two workers need for them, as tasks and as calls
+    queued on two actors (no lease per task, the next call waiting at the worker). The
+    pagerank job's blocks per worker rest on this."""
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 10**9)
@@ -326,6 +313,20 @@ def ray_returns(_: argparse.Namespace) -> None:
                 returned = f"{8 * rows / 2**20:.0f} MiB each" if rows > 1 else "one float each"
                 print(f"  {tasks} tasks at once, returning {returned:14s} {_ms(run, 30)}")
         print(f"  ray.put of 8 MB (r)                          {_ms(lambda: ray.put(np.ones(1_000_000)), 30)}")
+
+        def busy(seconds: float) -> None:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+
+        spin = ray.remote(busy)
+        run = lambda: ray.get([spin.remote(0.029) for _ in range(8)])  # noqa: E731 - logreg's 8 blocks
+        print(f"  8 tasks of 29 ms of CPU on 2 workers (116 ms of work) {_ms(run, 10)}")
+        spinner = ray.remote(type("Spinner", (), {"busy": lambda self, seconds: busy(seconds)}))
+        actors = [spinner.remote() for _ in range(2)]
+        ray.get([a.busy.remote(0.0) for a in actors])
+        queued = lambda: ray.get([actors[j % 2].busy.remote(0.029) for j in range(8)])  # noqa: E731
+        print(f"  the same 8 as calls queued on 2 actors (116 ms)        {_ms(queued, 10)}")
     finally:
         ray.shutdown()
 
