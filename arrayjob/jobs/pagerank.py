@@ -145,6 +145,8 @@ class SplitByTarget:
             owner = owner.astype(np.int16)
         order = np.argsort(owner, kind="stable")
         bounds = np.searchsorted(owner[order], np.arange(blocks + 1))
+        if self.n <= np.iinfo(np.int32).max:  # half the bytes every piece is stored and moved with
+            edges = edges.astype(np.int32)
         return _object_row([(b, edges[order[bounds[b]: bounds[b + 1]]]) for b in range(blocks)])
 
 
@@ -175,7 +177,7 @@ class BuildBlock:
         (index,) = {b for b, _ in pieces.ravel()}  # every chunk sends a (maybe empty) piece
         edges = np.concatenate([e for _, e in pieces.ravel()])
         first = index * self.block
-        keys = distinct(edges[:, 1] * self.n + edges[:, 0])  # each (target, source) once, sorted
+        keys = distinct(edges[:, 1].astype(np.int64) * self.n + edges[:, 0])  # each (target, source) once, sorted
         shape = (min(self.block, self.n - first), self.n)
         indptr = np.zeros(shape[0] + 1, dtype=np.int64)  # keys are sorted by target: CSR directly
         np.cumsum(np.bincount(keys // self.n - first, minlength=shape[0]), out=indptr[1:])

@@ -197,7 +197,7 @@ class RayExecutor:
                     args.append(self._kept[arg.handle][arg.position])
                 else:
                     args.append(value_refs[arg.name])
-            options = self._options(task.node)
+            options = {**self._options(task.node), "name": task.kernel.name}  # in Ray's dashboard and timeline
             if self.measure:
                 options["num_returns"] = task.num_outputs + 1
                 *outs, record = _run_measured.options(**options).remote(task.kernel.fn, task.num_outputs, *args)
