@@ -49,6 +49,9 @@ def test_config_runs_on_demo_data(algorithm, bucket, monkeypatch, capsys):
     # the estimate's stages are the run's, so "estimate vs actual per stage" compares like with like
     ran = [s["name"] for s in report["stages"] if s["name"] != "validate"]
     assert ran == [s["name"] for s in report["estimate"]["stages"] if s["name"] != "shutdown"]
+    if algorithm in ("linreg", "tsqr", "mttkrp"):  # one pass, no iterations to guess: every task planned
+        planned = {s["name"]: s["tasks.count"] for s in report["estimate"]["stages"] if s["name"] != "shutdown"}
+        assert {s["name"]: s["tasks"] for s in report["stages"] if s["name"] != "validate"} == planned
     name = CONFIG_NAME.get(algorithm, algorithm)
     group = read_group(f"{base}/results/{name}-demo/result.zarr", endpoint)
     assert set(group.array_keys()) == arrays

@@ -58,6 +58,7 @@ def kmeans_program(X: la.BlockArray, k: int, final: bool) -> dict[str, la.BlockA
 
 class KMeans(Job):
     name = "kmeans"
+    build_passes = 1  # the statistics pass (for tol) runs in "load"
     title = "k-means"
     inputs = ("X",)
     Params = KMeansParams
