@@ -33,7 +33,7 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest
 
 # arrayjob against its peers and the machine's limits (docs/benchmarks.md). The full size
-# takes about 20 minutes on 2 cores; `make bench BENCH_SIZE=quick` a few.
+# takes about 10 minutes on 2 cores; `make bench BENCH_SIZE=quick` a few.
 BENCH_SIZE ?= full
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench
