@@ -17,6 +17,12 @@ with no n × k scores. One 500,000 × 64 block, k = 8, one core: the loop 32 ms,
 50 ms for the GEMM X @ Cᵀ alone and 68 ms for scores and argmin
 (``benchmarks/bench_micro.py kmeans-assign``).
 
+*K-means' step in one pass* (``packed``). When the sums per group of X's rows and their
+counts both group by X's nearest rows of C, one loop does the assignment, the sums and the
+counts, two rows at a time; its [sums | counts] result lives in an extra slot of the block
+program and the two steps take slices of it. One 500,000 × 64 block, k = 8, one core: the
+step 34 ms against 60 ms as three loops (``benchmarks/bench_profile.py kernel kmeans``).
+
 *Arg-reductions over short rows.* ``argmin``/``argmax`` over the last axis of an n × k array
 with k small (k-means' nearest centroid) is a strided loop per row in NumPy: 55 µs for a
 3,236 × 8 piece against 14 µs as a loop (NaN wins, as in NumPy).
