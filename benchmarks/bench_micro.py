@@ -250,17 +250,17 @@ def pagerank_build(_: argparse.Namespace) -> None:
     for name, targets in (("contiguous ids", edges[:, 1]), ("spread ids", spread_ids(edges[:, 1], n, a))):
         share = np.bincount(targets // block, minlength=4) / len(edges)
         print(f"  targets per block, {name:15s} {' '.join(f'{s:5.1%}' for s in share)}")
-    pieces = SplitByTarget(n, block, a)(edges)
-    column = np.empty((1, 1), dtype=object)
-    column[0, 0] = pieces[0, 0]
-    keys = pieces[0, 0][1][:, 1] * n + pieces[0, 0][1][:, 0]
+    ordered, offsets = SplitByTarget(n, block, a)(edges)  # all edges as one chunk
+    mine = ordered[offsets[0, 0]: offsets[0, 1]].astype(np.int64)
+    keys = mine[:, 1] * n + mine[:, 0]
     random_keys = np.random.default_rng(3).integers(0, 4_000_000, 17_500_000) * 4_000_000 \
         + np.random.default_rng(4).integers(0, 4_000_000, 17_500_000)
-    graph = BuildBlock(n, block)(column)
+    graph = BuildBlock(n, block, len(edges))(np.array([0]), ordered, offsets)
     inverse, dangling = np.random.default_rng(5).random(n), np.zeros(n, dtype=bool)
     m = graph[0, 0].matrix
     print(f"  split all edges (4 blocks)              {_ms(lambda: SplitByTarget(n, block, a)(edges), 3)}")
-    print(f"  build block 0 ({len(keys):,} edges)       {_ms(lambda: BuildBlock(n, block)(column), 3)}")
+    print(f"  build block 0 ({len(keys):,} edges)       "
+          f"{_ms(lambda: BuildBlock(n, block, len(edges))(np.array([0]), ordered, offsets), 3)}")
     print(f"  np.unique, block 0's keys               {_ms(lambda: np.unique(keys), 3)}")
     print(f"  distinct, block 0's keys                {_ms(lambda: distinct(keys), 3)}")
     print(f"  np.unique, 17.5 M random int64 keys     {_ms(lambda: np.unique(random_keys), 1)}")

@@ -128,26 +128,34 @@ def unspread(values: np.ndarray, a: int) -> np.ndarray:
     return values if a == 1 else values[(np.arange(n, dtype=np.int64) * a) % n]
 
 
+def id_dtype(n: int) -> str:
+    """The integer type the build moves node ids in: 32 bits when they fit (half the bytes
+    stored and held between the split and the build)."""
+    return "int32" if n <= np.iinfo(np.int32).max else "int64"
+
+
 @dataclass(frozen=True)
 class SplitByTarget:
-    """Cut one chunk of edges into the pieces whose targets fall in each target block,
-    node ids spread (``spread_ids``) on the way."""
+    """One chunk of edges, node ids spread (``spread_ids``), sorted by the target block
+    each edge belongs to: (the sorted (m, 2) edges, a (1, blocks + 1) row of where each
+    block's edges start). The build of block b takes rows ``offsets[b]:offsets[b + 1]``
+    of every chunk's sorted edges. Plain integer arrays, so Ray stores them by a copy and
+    the build reads them in place, where per-block pieces in object arrays were pickled
+    at every step between the split and the build."""
 
     n: int
     block: int
     spread: int = 1
 
-    def __call__(self, edges: np.ndarray) -> np.ndarray:
+    def __call__(self, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         edges = spread_ids(np.asarray(edges, dtype=np.int64), self.n, self.spread)
         blocks = -(-self.n // self.block)
         owner = edges[:, 1] // self.block
         if blocks <= np.iinfo(np.int16).max:  # NumPy's stable sort of 16-bit keys is a radix sort
             owner = owner.astype(np.int16)
         order = np.argsort(owner, kind="stable")
-        bounds = np.searchsorted(owner[order], np.arange(blocks + 1))
-        if self.n <= np.iinfo(np.int32).max:  # half the bytes every piece is stored and moved with
-            edges = edges.astype(np.int32)
-        return _object_row([(b, edges[order[bounds[b]: bounds[b + 1]]]) for b in range(blocks)])
+        offsets = np.searchsorted(owner[order], np.arange(blocks + 1)).astype(np.int64)
+        return edges.astype(id_dtype(self.n))[order], offsets.reshape(1, -1)
 
 
 @dataclass(frozen=True)
@@ -159,7 +167,7 @@ class SplitCSR:
     block: int
     spread: int = 1
 
-    def __call__(self, indices: np.ndarray, start: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+    def __call__(self, indices: np.ndarray, start: np.ndarray, indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         positions = int(start[0]) + np.arange(len(indices))
         sources = np.searchsorted(indptr, positions, side="right") - 1
         edges = np.stack([sources, np.asarray(indices, dtype=np.int64)], axis=1)
@@ -168,16 +176,20 @@ class SplitCSR:
 
 @dataclass(frozen=True)
 class BuildBlock:
-    """The CSR block of Aᵀ for one target block: rows = targets, columns = sources."""
+    """The CSR block of Aᵀ for one target block (rows = targets, columns = sources) from
+    every chunk's sorted edges (``SplitByTarget``; chunks of ``chunk`` edges)."""
 
     n: int
     block: int
+    chunk: int
 
-    def __call__(self, pieces: np.ndarray) -> np.ndarray:
-        (index,) = {b for b, _ in pieces.ravel()}  # every chunk sends a (maybe empty) piece
-        edges = np.concatenate([e for _, e in pieces.ravel()])
-        first = index * self.block
-        keys = distinct(edges[:, 1].astype(np.int64) * self.n + edges[:, 0])  # each (target, source) once, sorted
+    def __call__(self, block_id: np.ndarray, edges: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        b = int(np.asarray(block_id).reshape(-1)[0])
+        parts = [edges[c * self.chunk + offsets[c, b]: c * self.chunk + offsets[c, b + 1]]
+                 for c in range(offsets.shape[0])]
+        mine = np.concatenate(parts) if parts else np.empty((0, 2), dtype=edges.dtype)
+        first = b * self.block
+        keys = distinct(mine[:, 1].astype(np.int64) * self.n + mine[:, 0])  # each (target, source) once, sorted
         shape = (min(self.block, self.n - first), self.n)
         indptr = np.zeros(shape[0] + 1, dtype=np.int64)  # keys are sorted by target: CSR directly
         np.cumsum(np.bincount(keys // self.n - first, minlength=shape[0]), out=indptr[1:])
@@ -284,18 +296,20 @@ class PageRank(Job):
         per_worker = 2 if e.shape[0] >= 2 * workers * EDGES_FOR_TWO_BLOCKS else 1  # see the module note
         block = math.ceil(n / max(1, min(n, per_worker * workers)))
         blocks = math.ceil(n / block)
+        sorted_edges = [((e.shape[0], 2), id_dtype(n), chunk), ((chunks, blocks + 1), "int64", 1)]
         if self.csr:
             starts = la.value("chunk_starts", (chunks,), "int64")
             indptr = la.value("indptr", (n + 1,), "int64")
-            (pieces,) = la.map_blocks(Kernel("split_csr_by_target", SplitCSR(n, block, spread_multiplier(n))), self._edges(), starts, indptr,
-                                      outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk, 1, None],
-                                      cost=GraphWork("split_csr"))
+            edges, offsets = la.map_blocks(Kernel("split_csr_by_target", SplitCSR(n, block, spread_multiplier(n))),
+                                           self._edges(), starts, indptr, outputs=sorted_edges,
+                                           block_rows=[chunk, 1, None], cost=GraphWork("split_csr"))
         else:
-            (pieces,) = la.map_blocks(Kernel("split_by_target", SplitByTarget(n, block, spread_multiplier(n))), self._edges(),
-                                      outputs=[((chunks, blocks), "object", 1)], block_rows=[chunk],
-                                      cost=GraphWork("split"))
-        (graph,) = la.map_blocks(Kernel("build_csr_block", BuildBlock(n, block)), la.transpose(pieces),
-                                 outputs=[((blocks, 1), "object", 1)], block_rows=[1],
+            edges, offsets = la.map_blocks(Kernel("split_by_target", SplitByTarget(n, block, spread_multiplier(n))),
+                                           self._edges(), outputs=sorted_edges, block_rows=[chunk],
+                                           cost=GraphWork("split"))
+        (graph,) = la.map_blocks(Kernel("build_csr_block", BuildBlock(n, block, chunk)),
+                                 la.value("block_ids", (blocks,), "int64"), edges, offsets,
+                                 outputs=[((blocks, 1), "object", 1)], block_rows=[1, None, None],
                                  cost=GraphWork("build", self._edges_per_block(blocks)))
         return {"graph": graph}, block
 
@@ -361,10 +375,10 @@ class PageRank(Job):
             require(E == 0 or ids[0] >= 0, f"inputs.edges: node ids must be >= 0, found {int(ids[0])}")
             require(E == 0 or ids[1] < n, f"inputs.edges: node id {int(ids[1])} is out of range for params.n_nodes = {n}")
             build, block = self._build(n, workers)
-            values = {}
+            values = {"block_ids": np.arange(-(-n // block), dtype=np.int64)}
             if self.csr:
-                values = {"indptr": read_whole(self.arrays["edges.indptr"], self.storage, ctx.metrics).astype(np.int64),
-                          "chunk_starts": np.arange(0, max(E, 1), self._edge_array.chunks[0], dtype=np.int64)}
+                values |= {"indptr": read_whole(self.arrays["edges.indptr"], self.storage, ctx.metrics).astype(np.int64),
+                           "chunk_starts": np.arange(0, max(E, 1), self._edge_array.chunks[0], dtype=np.int64)}
             kept = ctx.session.persist(build, values)
             outdeg = ctx.session.compute(self._degree_program(kept["graph"], n))["d"]
             dangling = outdeg == 0
