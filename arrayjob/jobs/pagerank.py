@@ -5,9 +5,10 @@ at most ``tol`` (Page et al. 1999; networkx's conventions: duplicate edges count
 self-loops are kept, dangling nodes spread their rank uniformly).
 
 The transposed adjacency Aᵀ is built once on the workers and kept (``Session.persist``):
-each edge chunk is split by target block, the pieces are gathered per target block (the
-only shuffle, every edge moved once), de-duplicated and turned into a CSR block of
-(targets in the block) × (all sources); once the out-degrees are known (one more pass
+each edge chunk is sorted by target block (32-bit ids when they fit), every block's build
+task takes the sorted chunks and slices its edges out of each (the only shuffle, plain
+integer arrays that Ray stores by a copy and hands over in place), de-duplicates them and
+makes a CSR block of (targets in the block) × (all sources); once the out-degrees are known (one more pass
 over the kept blocks) each block's columns are divided by them and its dangling targets
 marked. An iteration is then one fused kernel per block (KASEN's PageRank example): the
 SpMV, the update d·y + base, and the block's share of the dangling mass and of the L1
