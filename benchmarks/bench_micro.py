@@ -336,7 +336,8 @@ def mttkrp_gemm(_: argparse.Namespace) -> None:
     """MTTKRP's GEMM on one (100, 400, 400) block (128 MB; the job's block), rank 32, 1 thread,
     in every layout: X(ij, k) @ C (arrayjob's first step), its transpose, and the unfolded
     block against the Khatri-Rao product (TensorLy's) both ways; and the same GEMM 64 and
-    128 wide. The narrow product runs at about 70 % of the wide one's rate in every layout."""
+    128 wide; then the kernel's whole block contraction, in cache-sized pieces of the block
+    and whole. The narrow product runs at about 70 % of the wide one's rate in every layout."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
@@ -352,6 +353,17 @@ def mttkrp_gemm(_: argparse.Namespace) -> None:
                             ("X(ij, k) @ (400 × 128)", lambda: X2 @ np.hstack([C, C, C, C]), 4 * flops)):
             t = timed(fn, 5).median
             print(f"  {name:24s} {t * 1e3:7.1f} ms  {f / t / 1e9:5.1f} GFLOP/s")
+        from arrayjob.planner import kernels
+
+        for label, piece_bytes in (("in pieces (the kernel)", kernels.PIECE_BYTES), ("whole", 2**62)):
+            saved, kernels.PIECE_BYTES = kernels.PIECE_BYTES, piece_bytes
+            kernels._pieces.cache_clear()
+            try:
+                t = timed(lambda: kernels._einsum("ijk,jf,kf->if", X, B, C), 5).median
+            finally:
+                kernels.PIECE_BYTES = saved
+                kernels._pieces.cache_clear()
+            print(f"  MTTKRP of the block, {label:22s} {t * 1e3:7.1f} ms")
 
 
 def logistic_exp(_: argparse.Namespace) -> None:

@@ -20,7 +20,7 @@ from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, physical_cost
-from arrayjob.planner.lower import FAN_IN
+from arrayjob.planner.fusion_model import reduction_tree
 from arrayjob.planner.physical import SourceBlock
 from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
 
@@ -163,16 +163,6 @@ def _read_seconds(cost: Any, profile: MachineProfile, cluster: ClusterShape) -> 
                       for node, nbytes in cost.block_reads], cluster)
 
 
-def combine_tasks(partials: int) -> int:
-    """The combine tasks of a reduction tree over ``partials`` (``lower.reduce_tree``)."""
-    tasks = 0
-    while partials > 1:
-        groups = math.ceil(partials / FAN_IN)
-        tasks += groups - (1 if partials % FAN_IN == 1 else 0)  # a lone last partial passes through
-        partials = groups
-    return tasks
-
-
 def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices: PriceTable,
                  profile: MachineProfile, iterations: int | None = None) -> Estimate:
     """Plan every program ``job`` runs on ``nodes`` × ``instance`` and price it."""
@@ -187,7 +177,6 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     homes: dict[BlockKey, tuple[int, int]] = {}
     load_seconds = fit_seconds = 0.0
     peaks: list[list[int]] = []
-    row_blocks = 1  # row blocks of the last pass's largest stored array: the blocks workers write
     for index, (program, runs) in enumerate(job.passes(assumed, cluster.workers)):
         plan = make_plan(capture(list(program.values())), options)
         assert plan.physical is not None and plan.cost is not None
@@ -214,23 +203,24 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.work.update({kind: runs * amount for kind, amount in cost.work.items()})
         stage.tasks += runs * cost.tasks
         peaks.append(list(cost.peak_bytes_per_node))
-        if plan.physical.sources:
-            largest = max(plan.physical.sources, key=lambda src: src.array.nbytes).array.name
-            row_blocks = len({a.index[0] for t in plan.physical.tasks for a in t.args
-                              if isinstance(a, SourceBlock) and a.array == largest}) or 1
     # arrays of the job no program reads are read whole on the driver (factor matrices, indptr)
     for info in getattr(job, "arrays", {}).values():
         if info.uri not in sources_seen:
             load.bytes_read += math.prod(info.shape) * np.dtype(info.dtype).itemsize
             load.get_requests += math.prod(math.ceil(s / c) for s, c in zip(info.shape, info.chunks, strict=True))
+    # outputs the workers write are cut like the last pass's largest stored array: one store
+    # task per row block of it, and the tree that sums their [bytes, PUTs]
+    last = plan.physical
+    largest = max(last.sources, key=lambda src: src.array.nbytes).array.name if last.sources else None
+    row_blocks = len({a.index[0] for t in last.tasks for a in t.args
+                      if isinstance(a, SourceBlock) and a.array == largest}) or 1
     write = StageEstimate("write")
     driver: dict[str, tuple[tuple[int, ...], str]] = {}
     workers: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {}
     for i, (shape, dtype, chunk_rows) in enumerate(job.outputs_estimate()):
-        if chunk_rows:  # written by the workers, chunked by rows: one store task per block in
-            # the last pass, and the tree that sums their [bytes, PUTs]
+        if chunk_rows:  # written by the workers, chunked by rows
             workers[f"output{i}"] = (tuple(shape), (chunk_rows, *shape[1:]), dtype)
-            fit.tasks += row_blocks + combine_tasks(row_blocks)
+            fit.tasks += row_blocks + reduction_tree(row_blocks, 16)[0]
         else:
             driver[f"output{i}"] = (tuple(shape), dtype)
     requests = write_requests(driver, workers)

@@ -26,7 +26,7 @@ the result is put back in id order at the end.
 Blocks per worker: one, or two when each still holds ``EDGES_FOR_TWO_BLOCKS`` edges. On
 small graphs an iteration's tasks are short (about 20 ms for 5M nonzeros) and Ray's cost
 per task and per returned slice is not (on a local 2-CPU Ray, 2 tasks returning 4 MiB
-each take 12.5–14 ms, 4 returning 2 MiB 14.5–16.5 ms, 4 returning nothing 7–9 ms:
+each take 12.5–15.4 ms, 4 returning 2 MiB 14.5–16.5 ms, 4 returning nothing 7–10 ms:
 ``benchmarks/bench_micro.py ray-returns``): on 2 workers, two blocks made an iteration of
 the 1M-node, 10M-edge benchmark graph 41–45 ms against 55–60 ms for four
 (``benchmarks/bench_profile.py run pagerank``, three runs of each). On big graphs two

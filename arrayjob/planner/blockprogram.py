@@ -173,11 +173,13 @@ class Program:
         ops: list[_Op] = []
         rejected: list[int] = []
         packs = {i: (n + len(steps) + p, pack) for p, pack in enumerate(self.packed) for i in pack.parts}
+        emitted: set[int] = set()
         for i, step in enumerate(steps):
             slot = n + i
             if i in packs:
                 at, pack = packs[i]
-                if not any(op.out == at for op in ops):
+                if at not in emitted:  # the packed loop runs once, before its first part
+                    emitted.add(at)
                     ops.append(_Op(at, pack.inputs, "einsum", (pack.subscripts,), pack.run))
                 ops.append(_Op(slot, (at,), "part", (), lambda vals, at=at, part=pack.parts[i]: part(vals[at])))
                 continue

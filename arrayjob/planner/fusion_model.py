@@ -258,7 +258,7 @@ class Fuser:
             touched += f.nbytes * copies
             if dep[v] - f.own_set:  # partial: one combine tree per block
                 blocks = self.grids[v].num_blocks
-                t, b = _tree(copies, f.nbytes // max(1, blocks))
+                t, b = reduction_tree(copies, f.nbytes // max(1, blocks))
                 extra += t * blocks
                 touched += b * blocks
         return KernelCost(tasks + extra, touched, 0)
@@ -282,7 +282,7 @@ def _copies(space: dict[int, int], dep: frozenset[int]) -> int:
     return math.prod(b for c, b in space.items() if c not in dep)
 
 
-def _tree(parts: int, block: int) -> tuple[int, int]:
+def reduction_tree(parts: int, block: int) -> tuple[int, int]:
     """Tasks and bytes of a reduction tree over ``parts`` partial blocks (as ``lower`` builds it)."""
     tasks = touched = 0
     level = parts

@@ -77,8 +77,8 @@ class Step:
 
 # A contraction of three or more blocks whose first product is bigger than this runs in
 # pieces along the big block's first axis, so each piece's product is still in cache when
-# the rest contracts it: MTTKRP on a (100, 400, 400) block, rank 32, one thread, 45 ms
-# whole, 37 ms in pieces of 4 slabs (product 400 KB).
+# the rest contracts it: MTTKRP on a (100, 400, 400) block, rank 32, one thread, 44 ms
+# whole, 38 ms in pieces of 5 slabs (``benchmarks/bench_micro.py mttkrp-gemm``).
 PIECE_BYTES = 512 * 2**10
 
 

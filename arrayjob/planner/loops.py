@@ -116,7 +116,7 @@ def nearest_group_sums(X, C, a, scale, ids):  # type: ignore[no-untyped-def]
     """K-means' step in one pass over X: each row's nearest row of C, as ``nearest_rows``
     picks it, then Σ of X's rows and their count per id — ``[Eᵀ @ X | E.sum(0)]`` for
     ``E = (nearest == ids) * 1``, packed as (len(ids), d + 1). Rows go in pairs so each
-    row of C is loaded once for both (37 ms against 41 ms a row at a time on 500,000 × 64)."""
+    row of C is loaded once for both."""
     n, d = X.shape
     k = C.shape[0]
     per = np.zeros((k, d + 1))  # sums and counts per row of C
