@@ -4,6 +4,7 @@
     .venv/bin/py-spy record --subprocesses --format raw -o prof.txt -- \\
         .venv/bin/python benchmarks/bench_profile.py run WORKLOAD
     .venv/bin/python benchmarks/bench_profile.py summarize prof.txt [--top 25]
+    .venv/bin/python benchmarks/bench_profile.py graph-build EDGES.zarr --nodes N
 
 ``run`` loads the workload's data (as bench.py does) and then runs its per-iteration
 program ``--passes`` times, printing the driver's time split (cProfile: capture + plan,
@@ -407,6 +408,49 @@ def summarize(args: argparse.Namespace) -> None:
             print(f"    {100 * c / n:5.1f}%  {fn}")
 
 
+def graph_build(args: argparse.Namespace) -> None:
+    """The pagerank job on a stored edges array (e.g. the one ``estimate_accuracy.py
+    --sizes large`` writes: 4M nodes, 70M edges), 3 iterations, with each kernel's worker
+    seconds from Ray's timeline (tasks carry their kernel's name), split into arguments,
+    execution and storing the results: where the graph build's time goes."""
+    import ray
+
+    from arrayjob.io.arrays import open_array_info
+    from arrayjob.io.storage import StorageOptions, parse_uri
+    from arrayjob.jobs.base import JobContext
+    from arrayjob.jobs.pagerank import PageRank, PageRankParams
+    from arrayjob.planner.plan import ClusterShape, PlanOptions
+    from arrayjob.runtime.cluster import ray_cluster
+    from arrayjob.runtime.metrics import RunMetrics
+    from arrayjob.runtime.ray_executor import RayExecutor
+    from arrayjob.runtime.session import Session
+    from arrayjob.spec import ClusterOptions
+
+    edges = open_array_info("edges", parse_uri(args.edges), StorageOptions())
+    with ray_cluster(ClusterOptions(address="local", num_cpus=os.cpu_count() or 2)) as cluster:
+        metrics = RunMetrics()
+        session = Session(RayExecutor(StorageOptions(), cluster.node_ids, metrics),
+                          PlanOptions(cluster=ClusterShape(nodes=1, workers_per_node=os.cpu_count() or 2)))
+        job = PageRank(PageRankParams(n_nodes=args.nodes, max_iter=3, tol=1e-300), {"edges": edges})
+        start = time.time()
+        job.run(JobContext(session, metrics))
+        print("stages: " + ", ".join(f"{st.name} {st.wall_seconds:.2f} s" for st in metrics.stages))
+        events = [e for e in ray.timeline() if e.get("ph") == "X" and e.get("ts", 0) / 1e6 >= start]
+    phases = [e for e in events if str(e.get("cat", "")).startswith("task:") and not e["cat"].startswith("task::")]
+    seconds: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for task in (e for e in events if str(e.get("cat", "")).startswith("task::")):
+        name = task["cat"][len("task::"):]
+        seconds[name]["tasks"] += 1
+        seconds[name]["total"] += task["dur"] / 1e6
+        for phase in phases:
+            if phase["tid"] == task["tid"] and task["ts"] <= phase["ts"] <= task["ts"] + task["dur"]:
+                seconds[name][phase["cat"][len("task:"):]] += phase["dur"] / 1e6
+    print(f"{'kernel':32s} {'tasks':>5s} {'worker s':>9s} {'args':>7s} {'execute':>8s} {'store':>7s}")
+    for name, c in sorted(seconds.items(), key=lambda kv: -kv[1]["total"]):
+        print(f"{name:32s} {int(c['tasks']):5d} {c['total']:9.2f} {c['deserialize_arguments']:7.2f} "
+              f"{c['execute']:8.2f} {c['store_outputs']:7.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -421,13 +465,16 @@ def main() -> None:
     k.add_argument("workload", choices=["logreg", "kmeans", "mttkrp", "tsqr"])
     k.add_argument("--size", default="full")
     k.add_argument("--workdir", default=str(HERE.parent / ".arrayjob" / "bench"))
+    g = sub.add_parser("graph-build")
+    g.add_argument("edges", help="a stored (E, 2) edges array, e.g. <bucket>/demo/pagerank/edges.zarr")
+    g.add_argument("--nodes", type=int, required=True)
     s = sub.add_parser("summarize")
     s.add_argument("file", nargs="+")
     s.add_argument("--top", type=int, default=25)
     s.add_argument("--processes", type=int, default=4)
     s.add_argument("--driver-pid", type=int, default=-1)
     args = parser.parse_args()
-    {"run": run, "kernel": kernel, "summarize": summarize}[args.command](args)
+    {"run": run, "kernel": kernel, "summarize": summarize, "graph-build": graph_build}[args.command](args)
 
 
 if __name__ == "__main__":
