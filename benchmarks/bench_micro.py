@@ -7,7 +7,8 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py peer-chunks    # dask chunk and Ray block sizes for the peers
     .venv/bin/python benchmarks/bench_micro.py tsqr-block     # CholeskyQR2 vs Householder on one block, 1 thread
     .venv/bin/python benchmarks/bench_micro.py kmeans-assign  # the k-means step's loop vs the loops and GEMM before it
-    .venv/bin/python benchmarks/bench_micro.py pagerank-build # spread ids, distinct vs np.unique, in-place scaling
+    .venv/bin/python benchmarks/bench_micro.py pagerank-build # node numbering, distinct vs np.unique, in-place scaling
+    .venv/bin/python benchmarks/bench_micro.py pagerank-order # SpMV per block: Fibonacci-hashed vs degree-ordered ids
     .venv/bin/python benchmarks/bench_micro.py s3-block       # one 256 MiB block through obstore and through s3fs
     .venv/bin/python benchmarks/bench_micro.py ray-returns    # Ray's cost per task, per returned slice, per hand-over
     .venv/bin/python benchmarks/bench_micro.py mttkrp-gemm    # the rank-32 GEMM's rate in every layout, 1 thread
@@ -225,32 +226,38 @@ def kmeans_assign(_: argparse.Namespace) -> None:
         print(f"  one pass over the block (sum)           {_ms(X.sum)}")
 
 
+def _fibonacci(ids: np.ndarray, n: int) -> np.ndarray:
+    """The numbering the pagerank job used before ``degree_order``: i ↦ i·a mod n, a ≈ n/φ
+    coprime to n (Fibonacci hashing)."""
+    import math
+
+    a = round(n * 0.6180339887498949)
+    while math.gcd(a, n) != 1:
+        a += 1
+    return (ids.astype(np.int64) * a) % n
+
+
 def pagerank_build(_: argparse.Namespace) -> None:
     """The pagerank job's graph build on the full-size graph (1M nodes, 10M R-MAT edges):
-    targets per block with contiguous and with spread ids, ``distinct`` against
-    ``np.unique`` (on one block's keys and on 17.5 M random keys, the size of one block of
-    the 1 GB accuracy graph), and column scaling in place against a product with a
-    diagonal matrix, one thread."""
+    targets per block with contiguous ids, Fibonacci-hashed ids and ``degree_order``'s,
+    ``distinct`` against ``np.unique`` (on one block's keys and on 17.5 M random keys, the
+    size of one block of the 1 GB accuracy graph), and column scaling in place against a
+    product with a diagonal matrix, one thread."""
     import scipy.sparse
     import zarr
 
-    from arrayjob.jobs.pagerank import (
-        BuildBlock,
-        SplitByTarget,
-        distinct,
-        scale_block,
-        spread_ids,
-        spread_multiplier,
-    )
+    from arrayjob.jobs.pagerank import BuildBlock, SplitByTarget, degree_order, distinct, scale_block
 
     edges = zarr.open_array(str(DATA / "pagerank" / "edges.zarr"), mode="r")[...]
     n = int(edges.max()) + 1
     block = -(-n // 4)
-    a = spread_multiplier(n)
-    for name, targets in (("contiguous ids", edges[:, 1]), ("spread ids", spread_ids(edges[:, 1], n, a))):
+    labels = degree_order(np.bincount(edges[:, 0], minlength=n), block)
+    for name, targets in (("contiguous ids", edges[:, 1]), ("Fibonacci hash", _fibonacci(edges[:, 1], n)),
+                          ("degree order", labels[edges[:, 1]])):
         share = np.bincount(targets // block, minlength=4) / len(edges)
         print(f"  targets per block, {name:15s} {' '.join(f'{s:5.1%}' for s in share)}")
-    ordered, offsets = SplitByTarget(n, block, a)(edges)  # all edges as one chunk
+    print(f"  degree order of {n:,} nodes           {_ms(lambda: degree_order(np.bincount(edges[:, 0], minlength=n), block), 3)}")
+    ordered, offsets = SplitByTarget(n, block)(edges, labels)  # all edges as one chunk
     mine = ordered[offsets[0, 0]: offsets[0, 1]].astype(np.int64)
     keys = mine[:, 1] * n + mine[:, 0]
     random_keys = np.random.default_rng(3).integers(0, 4_000_000, 17_500_000) * 4_000_000 \
@@ -258,7 +265,7 @@ def pagerank_build(_: argparse.Namespace) -> None:
     graph = BuildBlock(n, block, len(edges))(np.array([0]), ordered, offsets)
     inverse, dangling = np.random.default_rng(5).random(n), np.zeros(n, dtype=bool)
     m = graph[0, 0].matrix
-    print(f"  split all edges (4 blocks)              {_ms(lambda: SplitByTarget(n, block, a)(edges), 3)}")
+    print(f"  split all edges (4 blocks)              {_ms(lambda: SplitByTarget(n, block)(edges, labels), 3)}")
     print(f"  build block 0 ({len(keys):,} edges)       "
           f"{_ms(lambda: BuildBlock(n, block, len(edges))(np.array([0]), ordered, offsets), 3)}")
     print(f"  np.unique, block 0's keys               {_ms(lambda: np.unique(keys), 3)}")
@@ -268,6 +275,43 @@ def pagerank_build(_: argparse.Namespace) -> None:
     print(f"  scale block 0 in place                  {_ms(lambda: scale_block(graph, inverse, dangling), 3)}")
     print(f"  scale block 0 by a diagonal product     "
           f"{_ms(lambda: (m @ scipy.sparse.diags(inverse)).tocsr(), 3)}")
+
+
+def pagerank_order(_: argparse.Namespace) -> None:
+    """The SpMV of each of the two blocks of Aᵀ D⁻¹ (as the pagerank job cuts the full-size
+    graph on 2 workers) under the Fibonacci-hashed numbering and under ``degree_order``'s,
+    one thread, three alternating rounds: the busiest sources' ranks stay in the cache."""
+    import scipy.sparse
+    import zarr
+
+    from arrayjob.jobs.pagerank import degree_order
+
+    edges = zarr.open_array(str(DATA / "pagerank" / "edges.zarr"), mode="r")[...].astype(np.int64)
+    n = int(edges.max()) + 1
+    half = -(-n // 2)
+    labels = degree_order(np.bincount(edges[:, 0], minlength=n), half)
+    x = np.random.default_rng(0).random(n)
+
+    def blocks(number: np.ndarray) -> list[scipy.sparse.csr_matrix]:
+        src, tgt = number[edges[:, 0]], number[edges[:, 1]]
+        keys = np.unique(tgt * n + src)
+        t, s = keys // n, keys % n
+        degree = np.bincount(s, minlength=n).astype(float)
+        inverse = np.where(degree > 0, 1 / np.maximum(degree, 1), 0.0)
+        out = []
+        for lo in (0, half):
+            hi = min(n, lo + half)
+            mine = (t >= lo) & (t < hi)
+            indptr = np.zeros(hi - lo + 1, np.int64)
+            np.cumsum(np.bincount(t[mine] - lo, minlength=hi - lo), out=indptr[1:])
+            out.append(scipy.sparse.csr_matrix((inverse[s[mine]], s[mine], indptr), shape=(hi - lo, n)))
+        return out
+
+    numberings = {"Fibonacci hash": blocks(_fibonacci(np.arange(n), n)), "degree order": blocks(labels.astype(np.int64))}
+    for _ in range(3):
+        for name, (b0, b1) in numberings.items():
+            print(f"  {name:15s} block 0 ({b0.nnz:,} nonzeros) {_ms(lambda b0=b0: b0 @ x, 9)}   "
+                  f"block 1 ({b1.nnz:,}) {_ms(lambda b1=b1: b1 @ x, 9)}")
 
 
 def s3_block(_: argparse.Namespace) -> None:
@@ -314,6 +358,11 @@ def ray_returns(_: argparse.Namespace) -> None:
                 returned = f"{8 * rows / 2**20:.0f} MiB each" if rows > 1 else "one float each"
                 print(f"  {tasks} tasks at once, returning {returned:14s} {_ms(run, 30)}")
         print(f"  ray.put of 8 MB (r)                          {_ms(lambda: ray.put(np.ones(1_000_000)), 30)}")
+        for mib in (1, 4, 8, 16, 64, 256):  # each object freed before the next: what a put costs per byte
+            values = np.ones(mib * 2**20 // 8)
+            seconds = timed(lambda values=values: ray.put(values), 12).median
+            print(f"  ray.put of {mib:3d} MiB, freed each time      {seconds * 1e3:7.2f} ms  "
+                  f"{values.nbytes / seconds / 1e9:5.2f} GB/s")
 
         def busy(seconds: float) -> None:
             end = time.perf_counter() + seconds
@@ -464,7 +513,7 @@ def logistic_exp(_: argparse.Namespace) -> None:
 
 COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-sizes": block_sizes,
             "peer-chunks": peer_chunks, "tsqr-block": tsqr_block, "kmeans-assign": kmeans_assign,
-            "pagerank-build": pagerank_build, "s3-block": s3_block, "ray-returns": ray_returns,
+            "pagerank-build": pagerank_build, "pagerank-order": pagerank_order, "s3-block": s3_block, "ray-returns": ray_returns,
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp}
 
 if __name__ == "__main__":

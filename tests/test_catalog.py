@@ -209,33 +209,52 @@ def test_distinct_is_numpy_unique(size, high):
     assert np.array_equal(distinct(keys), np.unique(keys))
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 10, 997, 1000, 2**20, 999_999])
-def test_spread_is_a_bijection_and_unspread_undoes_it(n):
-    from arrayjob.jobs.pagerank import spread_ids, spread_multiplier, unspread
-
-    a = spread_multiplier(n)
-    ids = np.arange(n, dtype=np.int64)
-    spread = spread_ids(ids, n, a)
-    assert np.array_equal(np.sort(spread), ids)
-    values = np.random.default_rng(n).random(n)
-    by_spread_id = np.empty(n)
-    by_spread_id[spread] = values
-    assert np.array_equal(unspread(by_spread_id, a), values)
+def _rmat_edges(rng: np.random.Generator, n: int, m: int, scale: int = 17) -> np.ndarray:
+    """R-MAT-like edges, as datagen draws them: most edges on the low ids."""
+    def ids() -> np.ndarray:
+        out = np.zeros(m, dtype=np.int64)
+        for level in range(scale):
+            out |= (rng.random(m) < 0.24).astype(np.int64) << level  # b + d = 0.19 + 0.05
+        return out % n
+    return np.stack([ids(), ids()], axis=1)
 
 
-def test_spread_balances_a_power_law_graph_over_blocks():
-    from arrayjob.jobs.pagerank import spread_ids, spread_multiplier
+@pytest.mark.parametrize("n,blocks", [(1, 1), (2, 2), (3, 2), (10, 4), (997, 3), (1000, 4), (2**20, 2), (999_999, 7)])
+def test_degree_order_is_a_bijection_into_the_blocks(n, blocks):
+    from arrayjob.jobs.pagerank import by_node_id, degree_order
 
-    rng, n, scale = np.random.default_rng(11), 100_000, 17  # R-MAT targets, as datagen draws them
-    targets = np.zeros(400_000, dtype=np.int64)
-    for level in range(scale):
-        targets |= (rng.random(len(targets)) < 0.24).astype(np.int64) << level  # b + d = 0.19 + 0.05
-    targets %= n
-    block = -(-n // 4)
-    plain = np.bincount(targets // block, minlength=4)
-    spread = np.bincount(spread_ids(targets, n, spread_multiplier(n)) // block, minlength=4)
+    out_edges = np.random.default_rng(n).integers(0, 50, n) ** 2
+    block = -(-n // blocks)
+    labels = degree_order(out_edges, block)
+    assert np.array_equal(np.sort(labels), np.arange(n))  # every new id once, all below n
+    sizes = np.bincount(labels // block, minlength=-(-n // block))
+    assert np.all(sizes[:-1] == block) and sizes[-1] == n - block * (len(sizes) - 1)
+    values = np.random.default_rng(n + 1).random(n)
+    by_label = np.empty(n)
+    by_label[labels] = values
+    assert np.array_equal(by_node_id(by_label, labels), values)
+
+
+def test_degree_order_puts_the_busiest_sources_first_and_balances_a_power_law_graph():
+    from arrayjob.jobs.pagerank import degree_order
+
+    rng, n, blocks = np.random.default_rng(11), 100_000, 4
+    edges = _rmat_edges(rng, n, 400_000)
+    out_edges = np.bincount(edges[:, 0], minlength=n)
+    block = -(-n // blocks)
+    labels = degree_order(out_edges, block)
+    plain = np.bincount(edges[:, 1] // block, minlength=blocks)
+    dealt = np.bincount(labels[edges[:, 1]] // block, minlength=blocks)
     assert plain.max() / plain.mean() > 1.8  # most edges on the low ids
-    assert spread.max() / spread.mean() < 1.05
+    assert dealt.max() / dealt.mean() < 1.05
+    # the first 1 % of each block's ids are sources of far more edges than the rest
+    position = labels % block
+    hot = position < block // 100
+    assert out_edges[hot].mean() > 10 * out_edges[~hot].mean()
+    group = np.floor(np.log2(out_edges + 1.0))  # by power of two: within a block, no colder group before a hotter one
+    for b in range(blocks):
+        mine = labels // block == b
+        assert np.all(np.diff(group[mine][np.argsort(position[mine])]) <= 0)
 
 
 def test_pagerank_reads_a_csr_group(tmp_path):

@@ -141,12 +141,13 @@ def graph_rates() -> dict[str, float]:
     the cache (2^19 nodes) and from one that does not (2^22 nodes, 32 MiB)."""
     import scipy.sparse
 
-    from arrayjob.jobs.pagerank import BuildBlock, SplitByTarget, spread_multiplier
+    from arrayjob.jobs.pagerank import BuildBlock, SplitByTarget, degree_order
 
     rng = np.random.default_rng(7)
     n = 2**22
     chunk = rng.integers(0, n, (2**21, 2))
-    split = SplitByTarget(n, n // 4, spread_multiplier(n))
+    split = SplitByTarget(n, n // 4)
+    labels = degree_order(rng.integers(0, 8, n), n // 4)
     # block 0's 2^23 edges, as 4 chunks' sorted edges hand them to its build
     edges = np.stack([rng.integers(0, n, 2**23), rng.integers(0, n // 4, 2**23)], axis=1).astype(np.int32)
     offsets = np.tile(np.array([0, 2**21, 2**21, 2**21, 2**21], dtype=np.int64), (4, 1))
@@ -158,7 +159,7 @@ def graph_rates() -> dict[str, float]:
         x = np.ones(nodes)
         return _per_second(nnz, lambda: matrix @ x)
 
-    return {"edge_split_per_s": _per_second(len(chunk), lambda: split(chunk)),
+    return {"edge_split_per_s": _per_second(len(chunk), lambda: split(chunk, labels)),
             "edge_build_per_s": _per_second(len(edges), lambda: build(np.array([0]), edges, offsets)),
             "sparse_product_per_s": product_rate(2**19), "sparse_product_large_per_s": product_rate(2**22)}
 
