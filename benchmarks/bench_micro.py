@@ -9,6 +9,8 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py kmeans-assign  # the k-means step's loop vs the loops and GEMM before it
     .venv/bin/python benchmarks/bench_micro.py pagerank-build # node numbering, distinct vs np.unique, in-place scaling
     .venv/bin/python benchmarks/bench_micro.py pagerank-order # SpMV per block: Fibonacci-hashed vs degree-ordered ids
+    .venv/bin/python benchmarks/bench_micro.py pagerank-iteration # an iteration as the job runs it, r kept, one 2-thread task
+    .venv/bin/python benchmarks/bench_micro.py store-pages    # Ray's object store: fresh pages vs touched memory
     .venv/bin/python benchmarks/bench_micro.py s3-block       # one 256 MiB block through obstore and through s3fs
     .venv/bin/python benchmarks/bench_micro.py ray-returns    # Ray's cost per task, per returned slice, per hand-over
     .venv/bin/python benchmarks/bench_micro.py mttkrp-gemm    # the rank-32 GEMM's rate in every layout, 1 thread
@@ -35,6 +37,7 @@ from bench_harness import timed  # noqa: E402
 
 DATA = HERE.parent / ".arrayjob" / "bench" / "full"
 MiB = 2**20
+GiB = 2**30
 
 
 def _X(rows: int | None = None) -> np.ndarray:
@@ -246,7 +249,13 @@ def pagerank_build(_: argparse.Namespace) -> None:
     import scipy.sparse
     import zarr
 
-    from arrayjob.jobs.pagerank import BuildBlock, SplitByTarget, degree_order, distinct, scale_block
+    from arrayjob.jobs.pagerank import (
+        BuildBlock,
+        SplitByTarget,
+        degree_order,
+        distinct,
+        scale_block,
+    )
 
     edges = zarr.open_array(str(DATA / "pagerank" / "edges.zarr"), mode="r")[...]
     n = int(edges.max()) + 1
@@ -314,6 +323,142 @@ def pagerank_order(_: argparse.Namespace) -> None:
                   f"block 1 ({b1.nnz:,}) {_ms(lambda b1=b1: b1 @ x, 9)}")
 
 
+def _pagerank_blocks(count: int):  # type: ignore[no-untyped-def]
+    """The full-size graph's Aᵀ D⁻¹ in the job's numbering (``degree_order`` for two blocks),
+    cut into ``count`` row blocks: n, the rows of the first block, [(first row, CSR block)]."""
+    import scipy.sparse
+    import zarr
+
+    from arrayjob.jobs.pagerank import degree_order
+
+    edges = zarr.open_array(str(DATA / "pagerank" / "edges.zarr"), mode="r")[...].astype(np.int64)
+    n = int(edges.max()) + 1
+    half = -(-n // 2)
+    labels = degree_order(np.bincount(edges[:, 0], minlength=n), half).astype(np.int64)
+    keys = np.unique(labels[edges[:, 1]] * n + labels[edges[:, 0]])
+    t, s = keys // n, keys % n
+    degree = np.bincount(s, minlength=n).astype(float)
+    inverse = np.where(degree > 0, 1 / np.maximum(degree, 1), 0.0)
+    rows = -(-n // count)
+    out = []
+    for lo in range(0, n, rows):
+        hi = min(n, lo + rows)
+        mine = (t >= lo) & (t < hi)
+        indptr = np.zeros(hi - lo + 1, np.int64)
+        np.cumsum(np.bincount(t[mine] - lo, minlength=hi - lo), out=indptr[1:])
+        out.append((lo, scipy.sparse.csr_matrix((inverse[s[mine]], s[mine], indptr), shape=(hi - lo, n))))
+    return n, rows, out
+
+
+def pagerank_iteration(_: argparse.Namespace) -> None:
+    """A PageRank iteration of the full-size graph on a local 2-CPU Ray, three ways (median
+    of 5 × 20 iterations): as the job runs it (the driver puts r, two tasks return their
+    slices, the driver joins them); with r kept on the workers (each task gathers from the
+    previous iteration's two slices; only the L1 sums come back); and as one task whose
+    SpMV runs on both cores (numba threads), r kept. Beside them the SpMV of both halves in
+    one process, one thread: Ray's share is the rest."""
+    import numba
+    import ray
+
+    n, split, halves = _pagerank_blocks(2)
+    _, _, whole = _pagerank_blocks(1)
+    damping, base = 0.85, 0.15 / n
+
+    @numba.njit(nogil=True, parallel=True)
+    def product(indptr, indices, data, p0, p1, split, first, new, parts):  # type: ignore[no-untyped-def]
+        rows, l1 = new.shape[0], np.zeros(parts)
+        for p in numba.prange(parts):
+            for i in range(p * rows // parts, (p + 1) * rows // parts):
+                acc = 0.0
+                for j in range(indptr[i], indptr[i + 1]):
+                    c = indices[j]
+                    acc += data[j] * (p0[c] if c < split else p1[c - split])
+                v = damping * acc + base
+                new[i] = v
+                k = first + i
+                l1[p] += abs(v - (p0[k] if k < split else p1[k - split]))
+        return l1.sum()
+
+    def step(block, p0, p1, threads):  # type: ignore[no-untyped-def]
+        first, m = block
+        numba.set_num_threads(threads)
+        new = np.empty(m.shape[0])
+        cut = split if len(p1) else len(p0)
+        return new, product(m.indptr, m.indices.view(np.uint32), m.data, p0, p1, cut, first, new, threads)
+
+    x = np.random.default_rng(0).random(n)
+    print(f"  SpMV of both halves, one process, 1 thread {sum(timed(lambda m=m: m @ x, 9).median for _, m in halves) * 1e3:7.2f} ms")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        blocks, one = [ray.put(b) for b in halves], ray.put(whole[0])
+        as_job = ray.remote(lambda block, r: damping * (block[1] @ r) + base)
+        kept = ray.remote(num_returns=2)(lambda block, p0, p1: step(block, p0, p1, 1))
+        threaded = ray.remote(num_cpus=2, num_returns=2)(lambda block, r: step(block, r, np.empty(0), 2))
+        start = np.full(n, 1 / n)
+
+        def job_way(iterations: int) -> None:
+            r = start
+            for _ in range(iterations):
+                ref = ray.put(r)
+                r = np.concatenate(ray.get([as_job.remote(b, ref) for b in blocks]))
+
+        def kept_way(iterations: int) -> None:
+            parts = [ray.put(start[:split]), ray.put(start[split:])]
+            for _ in range(iterations):
+                outs = [kept.remote(b, *parts) for b in blocks]
+                parts = [o[0] for o in outs]
+                ray.get([o[1] for o in outs])
+            ray.get(parts)
+
+        def threaded_way(iterations: int) -> None:
+            r = ray.put(start)
+            for _ in range(iterations):
+                r, l1 = threaded.remote(one, r)
+                ray.get(l1)
+            ray.get(r)
+
+        ways = (("as the job runs it (2 tasks)", job_way), ("r kept on the workers (2 tasks)", kept_way),
+                ("one 2-thread task, r kept", threaded_way))
+        for _, way in ways:
+            way(3)
+        for _ in range(2):
+            for name, way in ways:
+                print(f"  {name:42s} {timed(lambda way=way: way(20), 5).median / 20 * 1e3:7.2f} ms per iteration")
+    finally:
+        ray.shutdown()
+
+
+def store_pages(_: argparse.Namespace) -> None:
+    """Ray's object store on a fresh local Ray: 4 blocks of 256 MiB (an S3 load's GiB) put
+    while all are held, so every page is new to the store; then freed and put again into
+    the memory the store has touched; and the same as 4 tasks returning the blocks. What a
+    load pays beyond its reads."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        block = np.ones(256 * MiB // 8)
+        make = ray.remote(lambda: np.ones(256 * MiB // 8))
+        ray.get(make.remote())  # the workers started
+        for round_ in ("fresh store memory", "memory the store has touched", "again"):
+            start = time.perf_counter()
+            held = [ray.put(block) for _ in range(4)]
+            put = time.perf_counter() - start
+            del held
+            start = time.perf_counter()
+            held = [make.remote() for _ in range(4)]
+            ray.wait(held, num_returns=4, fetch_local=False)
+            returned = time.perf_counter() - start
+            del held
+            print(f"  {round_:30s} 4 × 256 MiB puts {put * 1e3:7.1f} ms ({GiB / put / 1e9:5.2f} GB/s); "
+                  f"4 tasks returning 256 MiB {returned * 1e3:7.1f} ms")
+            time.sleep(1.0)
+        fill = timed(lambda: np.ones(256 * MiB // 8), 3).median
+        print(f"  making one 256 MiB block in this process (np.ones)  {fill * 1e3:7.1f} ms")
+    finally:
+        ray.shutdown()
+
+
 def s3_block(_: argparse.Namespace) -> None:
     """One 256 MiB block (16 chunks of 16 MiB) of a Zarr array on the loopback S3 server, read
     in this process through obstore (as workers read blocks) and through s3fs."""
@@ -358,6 +503,7 @@ def ray_returns(_: argparse.Namespace) -> None:
                 returned = f"{8 * rows / 2**20:.0f} MiB each" if rows > 1 else "one float each"
                 print(f"  {tasks} tasks at once, returning {returned:14s} {_ms(run, 30)}")
         print(f"  ray.put of 8 MB (r)                          {_ms(lambda: ray.put(np.ones(1_000_000)), 30)}")
+        print(f"  ray.put of one float64 (a driver scalar)     {_ms(lambda: ray.put(np.float64(1.0)), 30)}")
         for mib in (1, 4, 8, 16, 64, 256):  # each object freed before the next: what a put costs per byte
             values = np.ones(mib * 2**20 // 8)
             seconds = timed(lambda values=values: ray.put(values), 12).median
@@ -513,7 +659,8 @@ def logistic_exp(_: argparse.Namespace) -> None:
 
 COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-sizes": block_sizes,
             "peer-chunks": peer_chunks, "tsqr-block": tsqr_block, "kmeans-assign": kmeans_assign,
-            "pagerank-build": pagerank_build, "pagerank-order": pagerank_order, "s3-block": s3_block, "ray-returns": ray_returns,
+            "pagerank-build": pagerank_build, "pagerank-order": pagerank_order,
+            "pagerank-iteration": pagerank_iteration, "store-pages": store_pages, "s3-block": s3_block, "ray-returns": ray_returns,
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp}
 
 if __name__ == "__main__":

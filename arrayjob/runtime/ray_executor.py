@@ -50,6 +50,10 @@ from arrayjob.runtime.executor import load_and_check
 from arrayjob.runtime.metrics import RunMetrics
 
 TASK_RETRIES = 3
+# Driver values up to this size go to the tasks by value, inside the task (Ray inlines
+# arguments under 100 KiB): a scalar or a weight vector costs no object-store put per
+# compute (about 1 ms each, `benchmarks/bench_micro.py ray-returns`).
+INLINE_VALUE_BYTES = 64 * 2**10
 BlockKey = tuple[Source, tuple[int, ...]]
 
 _node_id: str | None = None  # a worker process never changes node
@@ -183,7 +187,7 @@ class RayExecutor:
         """Submit every task of ``plan``; the refs of its outputs and of the tasks' records."""
         uses, returned = self._consumers(plan)
         remaining = Counter(uses)
-        value_refs = {name: ray.put(v) for name, v in values.items()}
+        value_refs = {name: v if _nbytes(v) <= INLINE_VALUE_BYTES else ray.put(v) for name, v in values.items()}
         refs: dict[str, list[ray.ObjectRef]] = {}
         records: list[ray.ObjectRef] = []
         for task in plan.tasks:
