@@ -10,7 +10,7 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py pagerank-build # node numbering, distinct vs np.unique, in-place scaling
     .venv/bin/python benchmarks/bench_micro.py pagerank-order # SpMV per block: Fibonacci-hashed vs degree-ordered ids
     .venv/bin/python benchmarks/bench_micro.py pagerank-iteration # an iteration as the job runs it, r kept, one 2-thread task
-    .venv/bin/python benchmarks/bench_micro.py store-pages    # Ray's object store: fresh pages vs touched memory
+    .venv/bin/python benchmarks/bench_micro.py store-pages [--preallocate]  # Ray's object store: fresh pages vs touched memory
     .venv/bin/python benchmarks/bench_micro.py s3-block       # one 256 MiB block through obstore and through s3fs
     .venv/bin/python benchmarks/bench_micro.py ray-returns    # Ray's cost per task, per returned slice, per hand-over
     .venv/bin/python benchmarks/bench_micro.py mttkrp-gemm    # the rank-32 GEMM's rate in every layout, 1 thread
@@ -428,14 +428,20 @@ def pagerank_iteration(_: argparse.Namespace) -> None:
         ray.shutdown()
 
 
-def store_pages(_: argparse.Namespace) -> None:
+def store_pages(args: argparse.Namespace) -> None:
     """Ray's object store on a fresh local Ray: 4 blocks of 256 MiB (an S3 load's GiB) put
     while all are held, so every page is new to the store; then freed and put again into
     the memory the store has touched; and the same as 4 tasks returning the blocks. What a
-    load pays beyond its reads."""
+    load pays beyond its reads. ``--preallocate`` has the store touch all of its memory as Ray
+    starts, and prints how long that start takes."""
     import ray
 
+    if args.preallocate:
+        os.environ["RAY_preallocate_plasma_memory"] = "1"  # noqa: SIM112 - Ray reads this exact name
+    start = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    print(f"  Ray started in {time.perf_counter() - start:.1f} s; object store "
+          f"{ray.available_resources().get('object_store_memory', 0) / GiB:.1f} GiB")
     try:
         block = np.ones(256 * MiB // 8)
         make = ray.remote(lambda: np.ones(256 * MiB // 8))
@@ -666,5 +672,7 @@ COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-siz
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("--preallocate", action="store_true",
+                        help="store-pages: start Ray with RAY_preallocate_plasma_memory=1 (the store touched at start)")
     args = parser.parse_args()
     COMMANDS[args.command](args)
