@@ -6,28 +6,27 @@ self-loops are kept, dangling nodes spread their rank uniformly).
 
 The transposed adjacency Aᵀ is built once on the workers and kept (``Session.persist``):
 each edge chunk is renumbered (``degree_order``) and sorted by target block (32-bit ids when
-they fit), every block's build
-task takes the sorted chunks and slices its edges out of each (the only shuffle, plain
-integer arrays that Ray stores by a copy and hands over in place), de-duplicates them and
-makes a CSR block of (targets in the block) × (all sources); once the out-degrees are known (one more pass
-over the kept blocks) each block's columns are divided by them and its dangling targets
-marked. An iteration is then one fused kernel per block (KASEN's PageRank example): the
-SpMV, the update d·y + base, and the block's share of the dangling mass and of the L1
-change. Only vectors move: r goes to every block, each block returns its slice of the
-new r and two partial sums.
+they fit), every block's build task takes the sorted chunks and slices its edges out of each
+(the only shuffle, plain integer arrays that Ray stores by a copy and hands over in place),
+de-duplicates them and makes a CSR block of (targets in the block) × (all sources); once the
+out-degrees are known (one more pass over the kept blocks) each block's columns are divided
+by them and its dangling targets marked. An iteration is then one fused kernel per block
+(KASEN's PageRank example): the SpMV, the update d·y + base, and the block's share of the
+dangling mass and of the L1 change. Only vectors move: r goes to every block, each block
+returns its slice of the new r and two partial sums.
 
 Nodes are numbered anew before the build, by out-degree (``degree_order``): one pass over
 the edges counts each node's out-edges, nodes are grouped by the power of two of that count
 (degree-based grouping, Faldu et al. 2019), most edges first, and the groups are dealt
-round-robin over the blocks. The SpMV gathers r[source] once per edge, so the sources with
-the most edges, now at the start of every block's range, share a few hundred KiB of r that
-stays in the core's cache: on the 1M-node, 10M-edge R-MAT benchmark graph one block's SpMV
-takes 10–14 ms against 15–27 ms under the Fibonacci hash that spread the ids before
+round-robin over the blocks. The SpMV gathers r[source] once per edge, so the ranks of the
+sources with the most edges, now together at the start of every block's range, are mostly
+read from the core's cache: on the 1M-node, 10M-edge R-MAT benchmark graph one block's SpMV
+takes 10.3–11.5 ms against 17.4–21.9 ms under the Fibonacci hash of the ids used before
 (``benchmarks/bench_micro.py pagerank-order``). Dealing also balances the blocks: power-law
 graphs put most edges on a few low ids (R-MAT at 1M nodes: 58 % of the targets in the first
 quarter of the ids), and dealt, each block gets every B-th node of every degree group (two
-blocks: 4,866,706 and 4,844,306 edges). The kept graph and the vectors of the iterations are
-in the new numbering; the result is put back in id order at the end.
+blocks: 4,865,410 and 4,845,602 nonzeros). The kept graph and the vectors of the iterations
+are in the new numbering; the result is put back in id order at the end.
 
 Blocks per worker: one, or two when each still holds ``EDGES_FOR_TWO_BLOCKS`` edges. On
 small graphs an iteration's tasks are short (about 20 ms for 5M nonzeros) and Ray's cost
@@ -43,8 +42,7 @@ PageRank) took 0.28 s per iteration and a 14.7 s build with four blocks, 0.32–
 two more round trips every iteration.
 
 Cost: build, two passes over the edges (16E bytes each; the count and the split) and one
-shuffle of them; per iteration,
-2E flops, 8n bytes to each of B blocks and 8n bytes back.
+shuffle of them; per iteration, 2E flops, 8n bytes to each of B blocks and 8n bytes back.
 """
 
 from __future__ import annotations
