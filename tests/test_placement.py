@@ -241,3 +241,33 @@ def test_ray_placement_leaves_every_task_to_ray(tmp_path: Path) -> None:
     X = stored(tmp_path, "X", (6400, 6), (100, 6))
     plan = planned([X.T @ X], nodes=4, placement="ray")
     assert {t.node for t in plan.physical.tasks} == {None}
+
+
+@pytest.mark.parametrize("nodes,blocks", [(1, 4), (3, 4), (3, 16), (4, 4), (6, 40), (16, 20)])
+def test_placed_tree_tasks_counts_the_store_tree_placement_builds(tmp_path, nodes, blocks) -> None:
+    """The estimate counts the combine tasks of a worker-written output's tree with
+    ``placed_tree_tasks``; placement rebuilds that tree to combine on each node first."""
+    from arrayjob.planner.placement import placed_tree_tasks
+
+    X = stored(tmp_path, "X", (blocks * 100, 4), (100, 4))
+    uri = tmp_path / "out.zarr"
+    zarr.create_array(str(uri), shape=(blocks * 100, 4), chunks=(100, 4), dtype="float64")
+    target = open_array_info("out", parse_uri(str(uri)), StorageOptions())
+    plan = planned([la.store(X * 2.0, target, StorageOptions())], nodes=nodes, placement="lshs",
+                   block_budget=100 * 4 * 8)
+    tasks = plan.physical.tasks
+    writes = [t for t in tasks if t.kernel.name == "store"]
+    combines = [t for t in tasks if t.kernel.name == "sum_partials"]
+    assert len(writes) == blocks and combines
+    per_node = [sum(t.node == n for t in writes) for n in range(nodes)]
+    assert len(combines) == placed_tree_tasks(per_node)
+
+
+def test_placed_tree_tasks_combines_on_each_node_first() -> None:
+    from arrayjob.planner.placement import placed_tree_tasks
+
+    assert placed_tree_tasks([4]) == 1  # one node: lower's tree
+    assert placed_tree_tasks([2, 1, 1]) == 2  # node 0's pair, then the three nodes' partials
+    assert placed_tree_tasks([9, 9, 0]) == 2 + 2 + 1
+    assert placed_tree_tasks([1] * 10) == 2 + 1  # across nodes: 8 + 2, then the two
+    assert placed_tree_tasks([0, 0]) == 0

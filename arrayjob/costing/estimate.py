@@ -20,8 +20,8 @@ from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, physical_cost
-from arrayjob.planner.fusion_model import reduction_tree
 from arrayjob.planner.physical import SourceBlock
+from arrayjob.planner.placement import placed_tree_tasks
 from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
 
 STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
@@ -209,18 +209,24 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
             load.bytes_read += math.prod(info.shape) * np.dtype(info.dtype).itemsize
             load.get_requests += math.prod(math.ceil(s / c) for s, c in zip(info.shape, info.chunks, strict=True))
     # outputs the workers write are cut like the last pass's largest stored array: one store
-    # task per row block of it, and the tree that sums their [bytes, PUTs]
+    # task per row block of it, on the node that holds the block, and the tree that sums
+    # their [bytes, PUTs], rebuilt by placement to combine on each node first
     last = plan.physical
     largest = max(last.sources, key=lambda src: src.array.nbytes).array.name if last.sources else None
-    row_blocks = len({a.index[0] for t in last.tasks for a in t.args
-                      if isinstance(a, SourceBlock) and a.array == largest}) or 1
+    row_home: dict[int, int] = {}
+    for t in last.tasks:
+        for a in t.args:
+            if isinstance(a, SourceBlock) and a.array == largest:
+                row_home.setdefault(a.index[0], t.node or 0)
+    row_blocks = len(row_home) or 1
+    store_tree = placed_tree_tasks(list(Counter(row_home.values()).values()) or [1])
     write = StageEstimate("write")
     driver: dict[str, tuple[tuple[int, ...], str]] = {}
     workers: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {}
     for i, (shape, dtype, chunk_rows) in enumerate(job.outputs_estimate()):
         if chunk_rows:  # written by the workers, chunked by rows
             workers[f"output{i}"] = (tuple(shape), (chunk_rows, *shape[1:]), dtype)
-            fit.tasks += row_blocks + reduction_tree(row_blocks, 16)[0]
+            fit.tasks += row_blocks + store_tree
         else:
             driver[f"output{i}"] = (tuple(shape), dtype)
     requests = write_requests(driver, workers)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from arrayjob.planner.cost import ClusterLoad, Trial
+from arrayjob.planner.fusion_model import reduction_tree
 from arrayjob.planner.kernels import add_partials, max_partials, min_partials
 from arrayjob.planner.lower import FAN_IN
 from arrayjob.planner.physical import Arg, CachedBlock, PhysicalPlan, SourceBlock, Task, TaskResult
@@ -243,3 +244,12 @@ class _Placer:
             task_id = f"{base}~{k}"
         self.ids.add(task_id)
         return task_id
+
+
+def placed_tree_tasks(parts_per_node: list[int]) -> int:
+    """Combine tasks of a reduction tree as ``_Placer.rebuild`` builds it for partials small
+    enough to combine ``FAN_IN`` at a time across nodes (a store's [bytes, PUTs]): each
+    node's partials combined on that node first, then one partial per node in a tree across
+    the nodes. On one node it is ``lower``'s tree."""
+    holding = [c for c in parts_per_node if c]
+    return sum(reduction_tree(c, 0)[0] for c in holding) + reduction_tree(len(holding), 0)[0]
