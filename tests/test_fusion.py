@@ -661,3 +661,26 @@ def test_contractions_of_three_blocks_match_einsum(subscripts):
     if subscripts == "ijk,jf,kf->if":  # MTTKRP, mode 0: X(ij, k) @ C first, one GEMM on a free reshape
         (big, other, axes, partner_first), rest = _blas_pair(subscripts, tuple(b.shape for b in blocks))
         assert (big, other, axes, partner_first, rest) == (0, 2, ([2], [0]), False, "ijf,jf->if")
+
+
+def test_a_small_block_program_does_not_import_numba():
+    """Compiled loops are for blocks of LOOP_MIN_BYTES and more; a worker that only runs
+    small blocks must not pay numba's import (about 0.25 s per process, once per job)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = """
+import sys
+import numpy as np
+import arrayjob.lazy as la
+from tests.helpers import block_kernel
+X, w = la.value("X", (1000, 8)), la.value("w", (8,))
+kernel, args = block_kernel([la.sum(la.logaddexp(0.0, X @ w)), X.T @ la.sigmoid(X @ w)],
+                            {"X": np.ones((1000, 8)), "w": np.ones(8)})
+kernel(*args)
+print("numba" in sys.modules)
+"""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.strip() == "False"
