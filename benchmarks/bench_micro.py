@@ -286,68 +286,48 @@ def pagerank_build(_: argparse.Namespace) -> None:
           f"{_ms(lambda: (m @ scipy.sparse.diags(inverse)).tocsr(), 3)}")
 
 
+def _graph() -> tuple[np.ndarray, int]:
+    """The full-size graph's edges (int64) and node count."""
+    import zarr
+
+    edges = zarr.open_array(str(DATA / "pagerank" / "edges.zarr"), mode="r")[...].astype(np.int64)
+    return edges, int(edges.max()) + 1
+
+
+def _pagerank_matrix(edges: np.ndarray, n: int, number: np.ndarray):  # type: ignore[no-untyped-def]
+    """Aᵀ D⁻¹ with node i numbered ``number[i]``, distinct edges counted once, as the job."""
+    import scipy.sparse
+
+    keys = np.unique(number[edges[:, 1]] * n + number[edges[:, 0]])  # sorted by target, then source
+    t, s = keys // n, keys % n
+    degree = np.bincount(s, minlength=n).astype(float)
+    inverse = np.where(degree > 0, 1 / np.maximum(degree, 1), 0.0)
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(t, minlength=n), out=indptr[1:])
+    return scipy.sparse.csr_matrix((inverse[s], s, indptr), shape=(n, n))
+
+
+def _row_blocks(matrix, count: int) -> list:  # type: ignore[no-untyped-def]
+    """``matrix`` cut into ``count`` row blocks: [(first row, CSR block)]."""
+    rows = -(-matrix.shape[0] // count)
+    return [(lo, matrix[lo: lo + rows]) for lo in range(0, matrix.shape[0], rows)]
+
+
 def pagerank_order(_: argparse.Namespace) -> None:
     """The SpMV of each of the two blocks of Aᵀ D⁻¹ (as the pagerank job cuts the full-size
     graph on 2 workers) under the Fibonacci-hashed numbering and under ``degree_order``'s,
     one thread, three alternating rounds: the busiest sources' ranks stay in the cache."""
-    import scipy.sparse
-    import zarr
-
     from arrayjob.jobs.pagerank import degree_order
 
-    edges = zarr.open_array(str(DATA / "pagerank" / "edges.zarr"), mode="r")[...].astype(np.int64)
-    n = int(edges.max()) + 1
-    half = -(-n // 2)
-    labels = degree_order(np.bincount(edges[:, 0], minlength=n), half)
+    edges, n = _graph()
+    labels = degree_order(np.bincount(edges[:, 0], minlength=n), -(-n // 2)).astype(np.int64)
     x = np.random.default_rng(0).random(n)
-
-    def blocks(number: np.ndarray) -> list[scipy.sparse.csr_matrix]:
-        src, tgt = number[edges[:, 0]], number[edges[:, 1]]
-        keys = np.unique(tgt * n + src)
-        t, s = keys // n, keys % n
-        degree = np.bincount(s, minlength=n).astype(float)
-        inverse = np.where(degree > 0, 1 / np.maximum(degree, 1), 0.0)
-        out = []
-        for lo in (0, half):
-            hi = min(n, lo + half)
-            mine = (t >= lo) & (t < hi)
-            indptr = np.zeros(hi - lo + 1, np.int64)
-            np.cumsum(np.bincount(t[mine] - lo, minlength=hi - lo), out=indptr[1:])
-            out.append(scipy.sparse.csr_matrix((inverse[s[mine]], s[mine], indptr), shape=(hi - lo, n)))
-        return out
-
-    numberings = {"Fibonacci hash": blocks(_fibonacci(np.arange(n), n)), "degree order": blocks(labels.astype(np.int64))}
+    numberings = {name: [m for _, m in _row_blocks(_pagerank_matrix(edges, n, number), 2)]
+                  for name, number in (("Fibonacci hash", _fibonacci(np.arange(n), n)), ("degree order", labels))}
     for _ in range(3):
         for name, (b0, b1) in numberings.items():
             print(f"  {name:15s} block 0 ({b0.nnz:,} nonzeros) {_ms(lambda b0=b0: b0 @ x, 9)}   "
                   f"block 1 ({b1.nnz:,}) {_ms(lambda b1=b1: b1 @ x, 9)}")
-
-
-def _pagerank_blocks(count: int):  # type: ignore[no-untyped-def]
-    """The full-size graph's Aᵀ D⁻¹ in the job's numbering (``degree_order`` for two blocks),
-    cut into ``count`` row blocks: n, the rows of the first block, [(first row, CSR block)]."""
-    import scipy.sparse
-    import zarr
-
-    from arrayjob.jobs.pagerank import degree_order
-
-    edges = zarr.open_array(str(DATA / "pagerank" / "edges.zarr"), mode="r")[...].astype(np.int64)
-    n = int(edges.max()) + 1
-    half = -(-n // 2)
-    labels = degree_order(np.bincount(edges[:, 0], minlength=n), half).astype(np.int64)
-    keys = np.unique(labels[edges[:, 1]] * n + labels[edges[:, 0]])
-    t, s = keys // n, keys % n
-    degree = np.bincount(s, minlength=n).astype(float)
-    inverse = np.where(degree > 0, 1 / np.maximum(degree, 1), 0.0)
-    rows = -(-n // count)
-    out = []
-    for lo in range(0, n, rows):
-        hi = min(n, lo + rows)
-        mine = (t >= lo) & (t < hi)
-        indptr = np.zeros(hi - lo + 1, np.int64)
-        np.cumsum(np.bincount(t[mine] - lo, minlength=hi - lo), out=indptr[1:])
-        out.append((lo, scipy.sparse.csr_matrix((inverse[s[mine]], s[mine], indptr), shape=(hi - lo, n))))
-    return n, rows, out
 
 
 def pagerank_iteration(_: argparse.Namespace) -> None:
@@ -360,8 +340,12 @@ def pagerank_iteration(_: argparse.Namespace) -> None:
     import numba
     import ray
 
-    n, split, halves = _pagerank_blocks(2)
-    _, _, whole = _pagerank_blocks(1)
+    from arrayjob.jobs.pagerank import degree_order
+
+    edges, n = _graph()
+    split = -(-n // 2)
+    matrix = _pagerank_matrix(edges, n, degree_order(np.bincount(edges[:, 0], minlength=n), split).astype(np.int64))
+    halves, whole = _row_blocks(matrix, 2), _row_blocks(matrix, 1)
     damping, base = 0.85, 0.15 / n
 
     @numba.njit(nogil=True, parallel=True)

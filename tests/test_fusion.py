@@ -665,7 +665,7 @@ def test_contractions_of_three_blocks_match_einsum(subscripts):
 
 def test_a_small_block_program_does_not_import_numba():
     """Compiled loops are for blocks of LOOP_MIN_BYTES and more; a worker that only runs
-    small blocks must not pay numba's import (about 0.25 s per process, once per job)."""
+    small blocks must not pay numba's import (once per worker process, in every job)."""
     import subprocess
     import sys
     from pathlib import Path

@@ -21,8 +21,8 @@ the edges counts each node's out-edges, nodes are grouped by the power of two of
 round-robin over the blocks. The SpMV gathers r[source] once per edge, so the ranks of the
 sources with the most edges, now together at the start of every block's range, are mostly
 read from the core's cache: on the 1M-node, 10M-edge R-MAT benchmark graph one block's SpMV
-takes 10.3–11.5 ms against 17.4–21.9 ms under the Fibonacci hash of the ids used before
-(``benchmarks/bench_micro.py pagerank-order``). Dealing also balances the blocks: power-law
+takes 10.3–17.4 ms (median 11.4) against 17.4–25.7 ms (median 19.7) under the Fibonacci
+hash of the ids used before (``benchmarks/bench_micro.py pagerank-order``). Dealing also balances the blocks: power-law
 graphs put most edges on a few low ids (R-MAT at 1M nodes: 58 % of the targets in the first
 quarter of the ids), and dealt, each block gets every B-th node of every degree group (two
 blocks: 4,865,410 and 4,845,602 nonzeros). The kept graph and the vectors of the iterations

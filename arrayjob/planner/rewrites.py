@@ -118,7 +118,7 @@ def packed(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[tuple[int, .
     As with ``group_sum``, a NaN in X reaches only its own group's sum (the product would
     spread 0 · NaN to every group); jobs refuse NaN input before any of this runs."""
     nearest = {kernel.n_args + i: r for i, r in found.items() if r.loop == "nearest_rows"}
-    if not nearest:  # nothing to pack, and no numba import (about 0.25 s) in this process
+    if not nearest:  # nothing to pack: no numba import in this process (see LOOP_MIN_BYTES)
         return []
     loops, packs, taken = _loops(), [], set()
     for i, r in found.items():
