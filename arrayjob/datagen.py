@@ -14,7 +14,7 @@ import numpy as np
 
 from arrayjob.errors import SpecError
 from arrayjob.io.arrays import create_array
-from arrayjob.io.storage import Location, StorageCounters, StorageOptions
+from arrayjob.io.locations import Location, StorageCounters, StorageOptions
 
 SLAB_BYTES = 64 * 2**20
 

@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from arrayjob.io.arrays import ArrayInfo
-from arrayjob.io.storage import StorageOptions
+from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.planner.ir import ELEMENTWISE, REDUCTIONS, Graph, Node, infer_shape
 from arrayjob.planner.physical import Kernel, Work
 

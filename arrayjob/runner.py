@@ -16,10 +16,10 @@ from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import load_profile
 from arrayjob.errors import InputError
 from arrayjob.io import report_html
-from arrayjob.io.arrays import ArrayInfo, ResultGroup, open_array_info, write_group
+from arrayjob.io.arrays import ResultGroup, open_array_info, write_group
+from arrayjob.io.locations import ArrayInfo, StorageCounters
 from arrayjob.io.output import JobOutput
 from arrayjob.io.report import build_report
-from arrayjob.io.storage import StorageCounters
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import Job, JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from arrayjob.errors import SpecError
-from arrayjob.io.storage import Location, StorageOptions, parse_uri
+from arrayjob.io.locations import Location, StorageOptions, parse_uri
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

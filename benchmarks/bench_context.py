@@ -13,8 +13,8 @@ from bench_data import Size
 from bench_harness import Timing, repeat_timed, stopwatch
 from bench_limits import Limits, LoopbackS3
 
-from arrayjob.io.arrays import ArrayInfo, open_array_info
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.arrays import open_array_info
+from arrayjob.io.locations import ArrayInfo, StorageOptions, parse_uri
 from arrayjob.lazy import BlockArray
 from arrayjob.planner.plan import PlanOptions
 from arrayjob.runtime.cluster import ClusterInfo, cluster_shape

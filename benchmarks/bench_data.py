@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arrayjob.datagen import DatagenRequest, generate
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.locations import StorageOptions, parse_uri
 
 MiB = 2**20
 GiB = 2**30

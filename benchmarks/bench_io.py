@@ -19,7 +19,7 @@ from bench_limits import raw_get, zarr_read
 
 import arrayjob.lazy as la
 from arrayjob.io.arrays import open_array_info
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.locations import StorageOptions, parse_uri
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "bench"

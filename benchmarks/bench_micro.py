@@ -456,7 +456,8 @@ def s3_block(_: argparse.Namespace) -> None:
     from bench_data import SIZES, write_s3_array
     from bench_limits import LoopbackS3
 
-    from arrayjob.io.storage import StorageOptions, parse_uri, zarr_store
+    from arrayjob.io.locations import StorageOptions, parse_uri
+    from arrayjob.io.storage import zarr_store
 
     s3 = LoopbackS3()
     try:

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 def _program(ctx, workload: str):  # type: ignore[no-untyped-def]
     """(program, values, storage) of one pass of ``workload``, as bench.py runs it."""
     import arrayjob.lazy as la
-    from arrayjob.io.storage import StorageOptions
+    from arrayjob.io.locations import StorageOptions
     from arrayjob.jobs.kmeans import kmeans_program
     from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
     from arrayjob.jobs.tensor import MTTKRP, MTTKRPParams
@@ -71,7 +71,7 @@ def _program(ctx, workload: str):  # type: ignore[no-untyped-def]
         from bench_io import BUCKET
 
         from arrayjob.io.arrays import open_array_info
-        from arrayjob.io.storage import parse_uri
+        from arrayjob.io.locations import parse_uri
 
         ctx.s3.create_bucket(BUCKET)
         uri = write_s3_array(s, ctx.s3.endpoint, BUCKET)
@@ -201,7 +201,7 @@ def kernel(args: argparse.Namespace) -> None:
     from bench_limits import Limits
     from threadpoolctl import threadpool_limits
 
-    from arrayjob.io.storage import StorageOptions
+    from arrayjob.io.locations import StorageOptions
     from arrayjob.planner.physical import DriverValue, SourceBlock, TaskResult
     from arrayjob.planner.plan import ClusterShape, PlanOptions
     from arrayjob.runtime.cluster import ClusterInfo
@@ -416,7 +416,7 @@ def graph_build(args: argparse.Namespace) -> None:
     import ray
 
     from arrayjob.io.arrays import open_array_info
-    from arrayjob.io.storage import StorageOptions, parse_uri
+    from arrayjob.io.locations import StorageOptions, parse_uri
     from arrayjob.jobs.base import JobContext
     from arrayjob.jobs.pagerank import PageRank, PageRankParams
     from arrayjob.planner.plan import ClusterShape, PlanOptions

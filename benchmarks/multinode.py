@@ -51,7 +51,7 @@ def run_config(placement: str, fusion: str, tiling: str, node_ids: tuple[str, ..
                X_np: np.ndarray, y_np: np.ndarray, iterations: int, workers_per_node: int) -> dict[str, Any]:
     import arrayjob.lazy as la
     from arrayjob.io.arrays import open_array_info
-    from arrayjob.io.storage import StorageOptions, parse_uri
+    from arrayjob.io.locations import StorageOptions, parse_uri
     from arrayjob.planner.plan import ClusterShape, PlanOptions
     from arrayjob.runtime.ray_executor import RayExecutor
     from arrayjob.runtime.session import Session

@@ -15,7 +15,7 @@ from tensorly.tenalg import unfolding_dot_khatri_rao
 
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import ResultGroup, open_array_info
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.tensor import random_factors

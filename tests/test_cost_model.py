@@ -12,7 +12,7 @@ from arrayjob import lazy as la
 from arrayjob.costing.estimate import _compute_seconds
 from arrayjob.costing.profile import SHIPPED, MachineProfile, load_profile
 from arrayjob.io.arrays import open_array_info
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.jobs.tsqr import SUB_ROWS, cholesky_qr2_program, gram_program, tsqr_program
 from arrayjob.planner.cost import WORK_KINDS, kernel_work, qr_flops
 from arrayjob.planner.physical import Kernel
@@ -133,7 +133,7 @@ def test_every_kind_has_a_rate_and_old_profiles_still_load(tmp_path):
 
 def test_write_requests_are_what_writing_the_result_really_makes(tmp_path):
     from arrayjob.io.arrays import ResultGroup, WriteBlock, write_group, write_requests
-    from arrayjob.io.storage import StorageCounters
+    from arrayjob.io.locations import StorageCounters
 
     options = StorageOptions()
     group = ResultGroup(parse_uri(str(tmp_path)).join("result.zarr"), options)

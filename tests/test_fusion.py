@@ -18,7 +18,7 @@ import pytest
 
 import arrayjob.lazy as la
 from arrayjob.io.arrays import open_array_info
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.planner import blockprogram, fusion, fusion_model, kernels
 from arrayjob.planner.kernels import BlockKernel, Step
 from arrayjob.planner.plan import ClusterShape, PlanOptions, Tiling, make_plan, register

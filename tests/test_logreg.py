@@ -9,7 +9,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 
 from arrayjob.io.arrays import open_array_info
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
 from arrayjob.planner.plan import ClusterShape, PlanOptions

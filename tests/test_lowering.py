@@ -8,7 +8,7 @@ import numpy as np
 
 from arrayjob import lazy as la
 from arrayjob.io.arrays import open_array_info
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.planner.lower import assemble_outputs, lower
 from arrayjob.planner.placement import ray_default
 from arrayjob.planner.plan import ClusterShape, FusedKernel, Plan, PlanOptions, Tiling

@@ -19,7 +19,7 @@ import pytest
 
 import arrayjob.lazy as la
 from arrayjob.io.arrays import open_array_info
-from arrayjob.io.storage import StorageOptions, parse_uri
+from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.planner.plan import STRATEGIES, ClusterShape, PlanOptions, _load_strategies
 from arrayjob.runtime.session import Session
 from tests.helpers import logreg_data, write_array

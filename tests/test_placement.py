@@ -11,8 +11,8 @@ import pytest
 import zarr
 
 import arrayjob.lazy as la
-from arrayjob.io.arrays import ArrayInfo, open_array_info
-from arrayjob.io.storage import Location, StorageOptions, parse_uri
+from arrayjob.io.arrays import open_array_info
+from arrayjob.io.locations import ArrayInfo, Location, StorageOptions, parse_uri
 from arrayjob.planner.cost import physical_cost
 from arrayjob.planner.kernels import add_partials
 from arrayjob.planner.physical import (

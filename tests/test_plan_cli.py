@@ -73,7 +73,7 @@ def test_iterations_reuse_the_plan(workdir):
     """An iterative job builds the same graph every iteration: planned once, then a cache hit."""
     import time
 
-    from arrayjob.io.storage import StorageOptions
+    from arrayjob.io.locations import StorageOptions
     from arrayjob.runner import prepare
     from arrayjob.runtime.executor import LocalExecutor
     from arrayjob.runtime.session import Session

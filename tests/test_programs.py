@@ -18,8 +18,8 @@ import pytest
 from scipy.special import expit
 
 import arrayjob.lazy as la
-from arrayjob.io.arrays import ArrayInfo, open_array_info
-from arrayjob.io.storage import Location, StorageOptions, parse_uri
+from arrayjob.io.arrays import open_array_info
+from arrayjob.io.locations import ArrayInfo, Location, StorageOptions, parse_uri
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.lower import assemble_outputs
 from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling, fuse, place

@@ -10,8 +10,8 @@ import zarr
 
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import open_array_info, read_block, write_group
+from arrayjob.io.locations import Location, StorageOptions, parse_uri
 from arrayjob.io.output import JobOutput
-from arrayjob.io.storage import Location, StorageOptions, parse_uri
 from tests.helpers import write_array
 
 

@@ -18,8 +18,7 @@ import pytest
 
 import arrayjob.lazy as la
 from arrayjob.errors import SpecError
-from arrayjob.io.arrays import ArrayInfo
-from arrayjob.io.storage import Location
+from arrayjob.io.locations import ArrayInfo, Location
 from arrayjob.planner import tiling
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.kernels import Assemble

@@ -181,7 +181,7 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
     from arrayjob.costing.calibrate import calibrate as measure
     from arrayjob.costing.calibrate import cold_start_seconds
     from arrayjob.costing.profile import save_profile
-    from arrayjob.io.storage import StorageOptions, parse_uri
+    from arrayjob.io.locations import StorageOptions, parse_uri
     from arrayjob.runtime.cluster import ray_cluster
     from arrayjob.spec import ClusterOptions
 
@@ -219,7 +219,7 @@ def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, see
     from arrayjob.cli.format import size
     from arrayjob.datagen import DatagenRequest, generate
     from arrayjob.errors import SpecError
-    from arrayjob.io.storage import StorageOptions, parse_uri
+    from arrayjob.io.locations import StorageOptions, parse_uri
 
     location = parse_uri(uri, key="URI")
     try:

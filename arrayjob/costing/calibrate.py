@@ -21,7 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 from arrayjob.costing.profile import MachineProfile
-from arrayjob.io.storage import Location, StorageOptions, filesystem
+from arrayjob.io.locations import Location, StorageOptions
+from arrayjob.io.storage import filesystem
 
 OBJECT_BYTES = 16 * 2**20  # one chunk of the calibration array
 LOAD_BLOCKS = 32  # 512 MiB read and written by the workers

@@ -1,5 +1,4 @@
-"""Storage: URIs, Zarr arrays on S3 or local disk, block reads on workers, staged output commit."""
+"""Storage: URIs, Zarr arrays on S3 or local disk, block reads on workers, staged output commit.
 
-from arrayjob.io.storage import Location, StorageCounters, StorageOptions, parse_uri
-
-__all__ = ["Location", "StorageCounters", "StorageOptions", "parse_uri"]
+The package imports nothing itself: ``io.locations`` is plain data the planner may use;
+the other modules reach storage libraries."""

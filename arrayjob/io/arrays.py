@@ -17,31 +17,8 @@ import zarr
 import zarr.errors
 
 from arrayjob.errors import InputError, StorageError
-from arrayjob.io.storage import Location, StorageCounters, StorageOptions, zarr_store
-
-
-@dataclass(frozen=True)
-class ArrayInfo:
-    """What the planner knows of a stored array: its place, shape, dtype and storage chunks."""
-
-    name: str
-    location: Location
-    shape: tuple[int, ...]
-    dtype: str
-    chunks: tuple[int, ...]
-    zarr_format: int
-
-    @property
-    def uri(self) -> str:
-        return str(self.location)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
+from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
+from arrayjob.io.storage import zarr_store
 
 
 def _describe(exc: BaseException) -> str:

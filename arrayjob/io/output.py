@@ -17,7 +17,8 @@ from typing import Any
 
 from arrayjob import __version__
 from arrayjob.errors import SpecError, StorageError
-from arrayjob.io.storage import Location, StorageCounters, StorageOptions, filesystem
+from arrayjob.io.locations import Location, StorageCounters, StorageOptions
+from arrayjob.io.storage import filesystem
 
 SUCCESS = "_SUCCESS"
 STAGING = "_staging"

@@ -8,11 +8,9 @@ the I/O, and reported back with the task's result.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -20,73 +18,7 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
-from arrayjob.errors import SpecError
-
-
-@dataclass(frozen=True)
-class StorageOptions:
-    """The ``[storage]`` section. Unset fields fall back to the standard AWS environment."""
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    anon: bool = False
-    profile: str | None = None
-
-    def s3fs_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"anon": self.anon}
-        if self.endpoint_url:
-            kwargs["endpoint_url"] = self.endpoint_url
-        if self.profile:
-            kwargs["profile"] = self.profile
-        if self.region:
-            kwargs["client_kwargs"] = {"region_name": self.region}
-        return kwargs
-
-
-@dataclass(frozen=True)
-class Location:
-    """A place in storage: ``scheme`` is "s3" or "file"; ``path`` is "bucket/key" or absolute."""
-
-    scheme: str
-    path: str
-
-    def __str__(self) -> str:
-        return f"s3://{self.path}" if self.scheme == "s3" else self.path
-
-    @property
-    def is_s3(self) -> bool:
-        return self.scheme == "s3"
-
-    def join(self, *parts: str) -> Location:
-        path = "/".join([self.path.rstrip("/"), *(p.strip("/") for p in parts)])
-        return dataclasses.replace(self, path=path)
-
-    @property
-    def parent(self) -> Location:
-        return dataclasses.replace(self, path=self.path.rstrip("/").rsplit("/", 1)[0])
-
-    @property
-    def name(self) -> str:
-        return self.path.rstrip("/").rsplit("/", 1)[-1]
-
-
-def parse_uri(text: str, *, key: str = "uri") -> Location:
-    """Parse ``s3://bucket/key``, ``file://path`` or a local path; ``key`` names it in errors."""
-    text = text.strip()
-    if not text:
-        raise SpecError(f"{key}: expected a URI (s3://bucket/key, file://path or a path), got an empty string")
-    if "://" in text:
-        scheme, _, rest = text.partition("://")
-        scheme = scheme.lower()
-        if scheme in ("s3", "s3a"):
-            bucket, _, _ = rest.partition("/")
-            if not bucket:
-                raise SpecError(f"{key}: {text!r} names no bucket (expected s3://bucket/key)")
-            return Location("s3", rest.rstrip("/"))
-        if scheme == "file":
-            return Location("file", os.path.abspath(rest))
-        raise SpecError(f"{key}: unsupported URI scheme {scheme!r} in {text!r} (expected s3:// or file://)")
-    return Location("file", os.path.abspath(text))
+from arrayjob.io.locations import Location, StorageCounters, StorageOptions
 
 
 @functools.lru_cache(maxsize=16)
@@ -95,23 +27,6 @@ def filesystem(scheme: str, options: StorageOptions) -> fsspec.AbstractFileSyste
     if scheme == "s3":
         return fsspec.filesystem("s3", **options.s3fs_kwargs())
     return fsspec.filesystem("file", auto_mkdir=True)
-
-
-@dataclass
-class StorageCounters:
-    """Requests and bytes, counted by the store that made them."""
-
-    bytes_read: int = 0
-    get_requests: int = 0
-    bytes_written: int = 0
-    put_requests: int = 0
-
-    def add(self, other: StorageCounters) -> None:
-        for field in dataclasses.fields(self):
-            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
 
 
 class CountingStore(WrapperStore[Store]):

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from arrayjob.errors import InputError
-from arrayjob.io.arrays import ArrayInfo, ResultGroup
-from arrayjob.io.storage import StorageOptions
+from arrayjob.io.arrays import ResultGroup
+from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.lazy import BlockArray
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.session import Session

@@ -28,7 +28,7 @@ import numpy as np
 from arrayjob import lazy as la
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import open_array_info, read_block, read_whole
-from arrayjob.io.storage import StorageCounters, StorageOptions, parse_uri
+from arrayjob.io.locations import StorageCounters, StorageOptions, parse_uri
 from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
 
 SAMPLE_ROWS = 100_000

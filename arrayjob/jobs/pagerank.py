@@ -55,7 +55,8 @@ import numpy as np
 import scipy.sparse
 
 from arrayjob import lazy as la
-from arrayjob.io.arrays import ArrayInfo, read_group_attrs, read_whole
+from arrayjob.io.arrays import read_group_attrs, read_whole
+from arrayjob.io.locations import ArrayInfo
 from arrayjob.jobs.base import Job, JobContext, JobResult, require
 from arrayjob.planner.physical import Kernel
 

@@ -42,7 +42,7 @@ import numpy as np
 from scipy.linalg.blas import dtrsm
 
 from arrayjob import lazy as la
-from arrayjob.io.storage import StorageCounters
+from arrayjob.io.locations import StorageCounters
 from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
 from arrayjob.planner.cost import qr_flops
 from arrayjob.planner.physical import Kernel

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from arrayjob.io.arrays import ArrayInfo
+from arrayjob.io.locations import ArrayInfo
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from arrayjob.io.arrays import ArrayInfo
+from arrayjob.io.locations import ArrayInfo
 from arrayjob.planner.fixed import fixed_blocking
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.physical import BlockGrid

@@ -14,7 +14,7 @@ import numpy as np
 
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import read_block
-from arrayjob.io.storage import StorageCounters, StorageOptions
+from arrayjob.io.locations import StorageCounters, StorageOptions
 from arrayjob.planner.physical import (
     CachedBlock,
     PhysicalPlan,

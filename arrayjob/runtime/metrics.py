@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from arrayjob.io.storage import StorageCounters
+from arrayjob.io.locations import StorageCounters
 
 
 @dataclass

@@ -36,7 +36,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from arrayjob.errors import ArrayJobError
-from arrayjob.io.storage import StorageCounters, StorageOptions
+from arrayjob.io.locations import StorageCounters, StorageOptions
 from arrayjob.planner.cost import ClusterLoad
 from arrayjob.planner.physical import (
     CachedBlock,
