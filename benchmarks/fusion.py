@@ -47,10 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import arrayjob.lazy as la  # noqa: E402
-from arrayjob.io.locations import (
-    ArrayInfo,  # noqa: E402
-    parse_uri,  # noqa: E402
-)
+from arrayjob.io.locations import ArrayInfo, parse_uri  # noqa: E402
 from arrayjob.planner.kernels import BlockKernel  # noqa: E402
 from arrayjob.planner.lower import assemble_outputs  # noqa: E402
 from arrayjob.planner.physical import SourceBlock, TaskResult  # noqa: E402
