@@ -213,7 +213,7 @@ def kmeans_assign(_: argparse.Namespace) -> None:
     replaced, and the GEMM and argmin the assignment loop replaced before them."""
     from threadpoolctl import threadpool_limits
 
-    from arrayjob.planner import loops
+    from arrayjob.kernels import loops
 
     X, k = _X(BLOCK_ROWS), 8
     C = np.random.default_rng(0).standard_normal((k, X.shape[1]))
@@ -539,16 +539,17 @@ def mttkrp_gemm(_: argparse.Namespace) -> None:
                             ("X(ij, k) @ (400 × 128)", lambda: X2 @ np.hstack([C, C, C, C]), 4 * flops)):
             t = timed(fn, 5).median
             print(f"  {name:24s} {t * 1e3:7.1f} ms  {f / t / 1e9:5.1f} GFLOP/s")
-        from arrayjob.planner import kernels
+        from arrayjob.kernels.block import einsum
+        from arrayjob.planner import contraction
 
-        for label, piece_bytes in (("in pieces (the kernel)", kernels.PIECE_BYTES), ("whole", 2**62)):
-            saved, kernels.PIECE_BYTES = kernels.PIECE_BYTES, piece_bytes
-            kernels._pieces.cache_clear()
+        for label, piece_bytes in (("in pieces (the kernel)", contraction.PIECE_BYTES), ("whole", 2**62)):
+            saved, contraction.PIECE_BYTES = contraction.PIECE_BYTES, piece_bytes
+            contraction.pieces.cache_clear()
             try:
-                t = timed(lambda: kernels._einsum("ijk,jf,kf->if", X, B, C), 5).median
+                t = timed(lambda: einsum("ijk,jf,kf->if", X, B, C), 5).median
             finally:
-                kernels.PIECE_BYTES = saved
-                kernels._pieces.cache_clear()
+                contraction.PIECE_BYTES = saved
+                contraction.pieces.cache_clear()
             print(f"  MTTKRP of the block, {label:22s} {t * 1e3:7.1f} ms")
 
 

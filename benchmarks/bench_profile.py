@@ -201,6 +201,7 @@ def kernel(args: argparse.Namespace) -> None:
     from bench_limits import Limits
     from threadpoolctl import threadpool_limits
 
+    from arrayjob import kernels
     from arrayjob.io.locations import StorageOptions
     from arrayjob.planner.physical import DriverValue, SourceBlock, TaskResult
     from arrayjob.planner.plan import ClusterShape, PlanOptions
@@ -229,7 +230,7 @@ def kernel(args: argparse.Namespace) -> None:
     print(f"task {task.id} ({task.kernel.name}); {len(physical.tasks)} tasks in the plan; its largest block "
           f"{big.shape} = {big.nbytes / 2**20:.1f} MiB")
     with threadpool_limits(1):
-        t = timed(lambda: task.kernel.fn(*block_args), 5)
+        t = timed(lambda: kernels.run(task.kernel.fn, *block_args), 5)
         rates = {"kernel": t.median, "one pass (sum)": timed(lambda: big.sum(), 5).median}
         if big.ndim == 2:
             v, u = np.ones(big.shape[1]), np.ones(big.shape[0])
@@ -256,7 +257,7 @@ def _row_loop_variants(kernel, block_args):  # type: ignore[no-untyped-def]
     arithmetic: what the transcendental calls cost inside the loop."""
     from bench_harness import timed
 
-    from arrayjob.planner import blockprogram, rowloop
+    from arrayjob.kernels import blockprogram, rowloop
 
     program = blockprogram.Program(kernel, block_args)
     if program.chunking is None or program.row_loop is None:
@@ -294,7 +295,7 @@ def _worker_pids() -> list[int]:
 # driver functions whose cumulative time is reported, by what they stand for
 DRIVER_PARTS = {
     "capture the graph": ("lazy.py", "capture"),
-    "plan (cache lookup)": ("plan.py", "cached_plan"),
+    "plan (cache lookup)": ("pipeline.py", "plan"),
     "bind driver values": ("session.py", "_bind"),
     "ray.put of driver values": ("worker.py", "put"),
     "submit tasks": ("ray_executor.py", "_submit"),

@@ -47,11 +47,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import arrayjob.lazy as la  # noqa: E402
+from arrayjob import kernels  # noqa: E402
 from arrayjob.io.locations import ArrayInfo, parse_uri  # noqa: E402
-from arrayjob.planner.kernels import BlockKernel  # noqa: E402
 from arrayjob.planner.lower import assemble_outputs  # noqa: E402
-from arrayjob.planner.physical import SourceBlock, TaskResult  # noqa: E402
-from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling, estimate, fuse, place  # noqa: E402
+from arrayjob.planner.physical import (  # noqa: E402
+    BlockKernel,  # noqa: E402
+    SourceBlock,
+    TaskResult,
+)
+from arrayjob.planner.pipeline import estimate, fuse, place  # noqa: E402
+from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling  # noqa: E402
 from arrayjob.planner.tiling import with_tilings  # noqa: E402
 
 MiB = 2**20
@@ -134,7 +139,7 @@ def run(plan: Plan, blocks: dict[SourceBlock, np.ndarray], values: dict[str, Any
         args = [blocks[a] if isinstance(a, SourceBlock) else results[a.task][a.output] if isinstance(a, TaskResult)
                 else values[a.name] for a in task.args]
         fn = task.kernel.fn
-        out = fn.interpret(*args) if interpret and isinstance(fn, BlockKernel) else fn(*args)
+        out = kernels.interpret(fn, *args) if interpret and isinstance(fn, BlockKernel) else kernels.run(fn, *args)
         results[task.id] = out if task.num_outputs > 1 else (out,)
         for arg in task.args:
             if isinstance(arg, TaskResult) and last[arg.task] == i and arg.task not in keep:

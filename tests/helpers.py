@@ -65,7 +65,7 @@ def block_kernel(outputs: list[Any], values: dict[str, Any]) -> tuple[Any, list[
     """The block kernel of lazy ``outputs`` over ``la.value`` leaves, and its arguments
     (``values`` by leaf name): one fused group, as the planner would hand it to a task."""
     from arrayjob import lazy as la
-    from arrayjob.planner.kernels import BlockKernel, Step
+    from arrayjob.planner.physical import BlockKernel, Step
 
     graph = la.capture(outputs)
     leaves = [i for i, node in enumerate(graph.nodes) if node.op == "value"]

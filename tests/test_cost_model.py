@@ -16,7 +16,8 @@ from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.jobs.tsqr import SUB_ROWS, cholesky_qr2_program, gram_program, tsqr_program
 from arrayjob.planner.cost import WORK_KINDS, kernel_work, qr_flops
 from arrayjob.planner.physical import Kernel
-from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
+from arrayjob.planner.pipeline import make_plan
+from arrayjob.planner.plan import ClusterShape, PlanOptions
 from tests.helpers import write_array
 
 CLUSTER = ClusterShape(nodes=1, workers_per_node=2)
@@ -132,13 +133,15 @@ def test_every_kind_has_a_rate_and_old_profiles_still_load(tmp_path):
 
 
 def test_write_requests_are_what_writing_the_result_really_makes(tmp_path):
-    from arrayjob.io.arrays import ResultGroup, WriteBlock, write_group, write_requests
+    from arrayjob import kernels
+    from arrayjob.io.arrays import ResultGroup, write_group, write_requests
     from arrayjob.io.locations import StorageCounters
+    from arrayjob.planner.physical import WriteBlock
 
     options = StorageOptions()
     group = ResultGroup(parse_uri(str(tmp_path)).join("result.zarr"), options)
     labels = group.create_array("labels", shape=(100,), chunks=(25,), dtype="int64")
-    puts = sum(int(WriteBlock(labels, options, ((i, i + 25),))(np.arange(25))[1]) for i in range(0, 100, 25))
+    puts = sum(int(kernels.run(WriteBlock(labels, options, ((i, i + 25),)), np.arange(25))[1]) for i in range(0, 100, 25))
     written = StorageCounters()
     write_group(group.location, options, {"centroids": np.ones((3, 2)), "coef": np.ones(7)},
                 {"inertia": 1.0, "iterations": 3, "k": 3}, written)

@@ -17,11 +17,16 @@ import numpy as np
 import pytest
 
 import arrayjob.lazy as la
+from arrayjob import kernels
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
-from arrayjob.planner import blockprogram, fusion, fusion_model, kernels
-from arrayjob.planner.kernels import BlockKernel, Step
-from arrayjob.planner.plan import ClusterShape, PlanOptions, Tiling, make_plan, register
+from arrayjob.kernels import block as block_kernels
+from arrayjob.kernels import blockprogram
+from arrayjob.planner import contraction, fusion, fusion_model
+from arrayjob.planner.physical import BlockKernel, Step
+from arrayjob.planner.pipeline import make_plan
+from arrayjob.planner.plan import ClusterShape, PlanOptions, Tiling
+from arrayjob.planner.registry import register
 from arrayjob.planner.tiling import with_tilings
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
@@ -259,7 +264,7 @@ def test_one_hot_products_run_as_loops_and_match_the_products(ids, monkeypatch):
     program = blockprogram.Program(kernel, args)
     assert len(program.rewrites) == 4  # three products and the argmin
     assert not any(program.shapes[op.out] == (n, k) and op.kind == "map" for op in program.ops)  # E is never built
-    for got, want in zip(kernel(*args), kernel.interpret(*args), strict=True):
+    for got, want in zip(kernels.run(kernel, *args), kernels.interpret(kernel, *args), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-10)
 
 
@@ -277,7 +282,7 @@ def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
     program = blockprogram.Program(kernel, args)
     assert len(program.rewrites) == 1
     assert not any(program.shapes[op.out] == (n, k) for op in program.ops)  # no n × k scores
-    np.testing.assert_array_equal(kernel(*args), kernel.interpret(*args))
+    np.testing.assert_array_equal(kernels.run(kernel, *args), kernels.interpret(kernel, *args))
 
 
 @pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0, 4.0], [3.0, 3.0, 9.0, 0.0, 1.0]])  # repeated, missing
@@ -297,14 +302,14 @@ def test_kmeans_step_is_one_loop_over_X_and_matches_the_products(ids, n, monkeyp
     assert len(program.packed) == 1
     readers = [op for op in program.ops if 0 in op.inputs]  # X is argument 0
     assert len(readers) == 1, [op.kind for op in program.ops]  # one pass: no separate assignment, sums, counts
-    got, want = kernel(*args), kernel.interpret(*args)
+    got, want = kernels.run(kernel, *args), kernels.interpret(kernel, *args)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])  # integers: exact in any order
 
 
 @pytest.mark.parametrize("fn", ["argmin", "argmax"])
 def test_arg_reductions_over_short_rows_match_numpy_with_ties_and_nans(fn):
-    from arrayjob.planner import loops
+    from arrayjob.kernels import loops
 
     rng = np.random.default_rng(9)
     S = rng.integers(0, 3, (1000, 7)).astype(float)  # many ties: the first wins
@@ -505,7 +510,7 @@ def eager_compiler(monkeypatch):
         compiled.append(self)
 
     monkeypatch.setattr(blockprogram.Program, "__init__", record)
-    monkeypatch.setattr(kernels, "_COMPILED", type(kernels._COMPILED)())
+    monkeypatch.setattr(block_kernels, "PROGRAMS", block_kernels.CompiledPrograms())
     return compiled
 
 
@@ -546,7 +551,7 @@ def test_logistic_kernel_is_one_chunked_pass_with_expressions(logreg):
     assert compiled.chunking is not None and compiled.chunking.rows < n
     expressions = [op.attrs[0] for op in compiled.ops if op.kind == "map" and "v" in op.attrs[0]]
     assert any("(1/(1+exp(-" in text for text in expressions)  # sigmoid, rewritten for numexpr
-    for got, want in zip(kernel(*args), kernel.interpret(*args), strict=True):
+    for got, want in zip(kernels.run(kernel, *args), kernels.interpret(kernel, *args), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-10)
 
 
@@ -566,26 +571,30 @@ def test_rewritten_functions_are_stable_at_the_extremes(monkeypatch, fn, args):
     assert [op.kind for op in program.ops if op.out == n + 2] == ["map"]
     assert "exp(" in program.ops[-1].attrs[0]
     with np.errstate(all="ignore"):
-        want = kernel.interpret(*args)
-    np.testing.assert_array_equal(kernel(*args), want)
+        want = kernels.interpret(kernel, *args)
+    np.testing.assert_array_equal(kernels.run(kernel, *args), want)
 
 
-def test_block_kernels_pickle_without_their_compiled_programs():
+def test_a_block_kernel_is_plain_data_and_a_fresh_copy_reuses_its_compiled_program(monkeypatch):
+    monkeypatch.setattr(block_kernels, "PROGRAMS", block_kernels.CompiledPrograms())
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal(50_000), rng.standard_normal(50_000)
     steps = (Step("map", ("subtract",), (0, 1), "float64"), Step("map", ("exp",), (2,), "float64"),
              Step("map", ("logaddexp",), (3, 0), "float64"), Step("reduce", ("sum", (0,), False), (4,), "float64"))
     kernel = BlockKernel("k", 2, steps, (4, 5))
-    first = kernel(x, y)
-    assert kernel.__dict__.get("_compiled")
-    copy = pickle.loads(pickle.dumps(kernel))
-    assert copy == kernel and "_compiled" not in copy.__dict__
-    for got, want in zip(copy(x, y), first, strict=True):
-        np.testing.assert_array_equal(got, want)
+    first = kernels.run(kernel, x, y)
+    program = block_kernels.PROGRAMS.get(kernel, (x, y))
+    copy = pickle.loads(pickle.dumps(kernel))  # what a worker receives for every task
+    assert copy == kernel and copy.__dict__ == kernel.__dict__
     # a fresh copy in the same process finds the program compiled for the first
-    assert copy.__dict__["_compiled"] is kernel.__dict__["_compiled"]
-    for got, want in zip(first, kernel.interpret(x, y), strict=True):
+    assert block_kernels.PROGRAMS.get(copy, (x, y)) is program
+    for got, want in zip(kernels.run(copy, x, y), first, strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(first, kernels.interpret(kernel, x, y), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
+    # a constant is part of the key: another constant compiles another program
+    other = BlockKernel("k", 2, (Step("const", (2.0,), (), "float64"),) + steps, (5, 6))
+    assert block_kernels.PROGRAMS.get(other, (x, y)) is not program
 
 
 def test_steps_numexpr_cannot_do_stay_numpy(monkeypatch):
@@ -605,7 +614,7 @@ def test_steps_numexpr_cannot_do_stay_numpy(monkeypatch):
     kinds = {op.out: (op.kind, op.attrs[0]) for op in program.ops}
     assert kinds[2] == ("map", "erf") and kinds[6] == ("map", "multiply")
     assert kinds[7] == ("map", "where(v1,exp((v2*v2)),v6)") and not {3, 4} & set(kinds)
-    for got, want in zip(kernel(x, flags), kernel.interpret(x, flags), strict=True):
+    for got, want in zip(kernels.run(kernel, x, flags), kernels.interpret(kernel, x, flags), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-14)
 
 
@@ -633,25 +642,24 @@ def test_fused_kernels_compile_and_run_on_ray_workers(tmp_path):
 @pytest.mark.parametrize("subscripts", ["ijk,jf,kf->if", "ijk,kf,jf->fi", "jf,ijk,kf->if", "ijk,if,kf->jf",
                                         "abjk,jf,kf->bfa"])
 def test_contractions_in_pieces_of_the_big_block_match_einsum(subscripts, monkeypatch):
-    from arrayjob.planner import kernels
-
-    monkeypatch.setattr(kernels, "PIECE_BYTES", 600)  # a piece's first product: a few rows of 8 × 4
-    kernels._pieces.cache_clear()
+    monkeypatch.setattr(contraction, "PIECE_BYTES", 600)  # a piece's first product: a few rows of 8 × 4
+    contraction.pieces.cache_clear()
     rng = np.random.default_rng(12)
     sizes = dict(zip("ijkfab", (23, 8, 9, 4, 11, 3), strict=True))
     terms = subscripts.split("->")[0].split(",")
     blocks = [rng.standard_normal([sizes[x] for x in t]) for t in terms]
     shapes = tuple(b.shape for b in blocks)
     cut = subscripts.split("->")[1] != "jf"  # mode 1 sums the big block's first axis away: whole
-    assert (kernels._pieces(subscripts, shapes) is not None) == cut
-    np.testing.assert_allclose(kernels._einsum(subscripts, *blocks), np.einsum(subscripts, *blocks), rtol=1e-12)
-    kernels._pieces.cache_clear()
+    assert (contraction.pieces(subscripts, shapes) is not None) == cut
+    np.testing.assert_allclose(block_kernels.einsum(subscripts, *blocks), np.einsum(subscripts, *blocks), rtol=1e-12)
+    contraction.pieces.cache_clear()
 
 
 @pytest.mark.parametrize("subscripts", ["ijk,jf,kf->if", "ijk,if,kf->jf", "ijk,if,jf->kf", "ij,jk,kl->il",
                                         "ijk,kf,if->jf", "abc,c->ab"])
 def test_contractions_of_three_blocks_match_einsum(subscripts):
-    from arrayjob.planner.kernels import _blas_pair, _einsum
+    from arrayjob.kernels.block import einsum as _einsum
+    from arrayjob.planner.contraction import blas_pair as _blas_pair
 
     rng = np.random.default_rng(10)
     sizes = dict(zip("ijkfabcl", (7, 8, 9, 4, 5, 6, 3, 2), strict=True))
@@ -678,7 +686,8 @@ from tests.helpers import block_kernel
 X, w = la.value("X", (1000, 8)), la.value("w", (8,))
 kernel, args = block_kernel([la.sum(la.logaddexp(0.0, X @ w)), X.T @ la.sigmoid(X @ w)],
                             {"X": np.ones((1000, 8)), "w": np.ones(8)})
-kernel(*args)
+from arrayjob import kernels
+kernels.run(kernel, *args)
 print("numba" in sys.modules)
 """
     root = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ import pytest
 import arrayjob.lazy as la
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
-from arrayjob.planner.plan import STRATEGIES, ClusterShape, PlanOptions, _load_strategies
+from arrayjob.planner.pipeline import strategies
+from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.session import Session
 from tests.helpers import logreg_data, write_array
 
@@ -30,8 +31,7 @@ ITERATIONS = 2
 
 def fused_strategy() -> str | None:
     """The fusion strategy to compare with "none": "cost" once it exists."""
-    _load_strategies()
-    return next((f for f in ("cost", "all") if f in STRATEGIES["fusion"]), None)
+    return next((f for f in ("cost", "all") if f in strategies("fusion")), None)
 
 
 def logreg_program(root: Path, n: int = 6000, d: int = 5) -> tuple[dict[str, la.BlockArray], np.ndarray, np.ndarray]:

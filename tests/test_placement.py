@@ -14,9 +14,9 @@ import arrayjob.lazy as la
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import ArrayInfo, Location, StorageOptions, parse_uri
 from arrayjob.planner.cost import physical_cost
-from arrayjob.planner.kernels import add_partials
 from arrayjob.planner.physical import (
     BlockGrid,
+    Combine,
     DriverValue,
     Kernel,
     PhysicalPlan,
@@ -25,22 +25,15 @@ from arrayjob.planner.physical import (
     Task,
     TaskResult,
 )
-from arrayjob.planner.placement import COMBINE_FNS, cyclic_node, node_grid
-from arrayjob.planner.plan import (
-    STRATEGIES,
-    ClusterShape,
-    Plan,
-    PlanOptions,
-    _load_strategies,
-    make_plan,
-)
+from arrayjob.planner.pipeline import make_plan, strategies
+from arrayjob.planner.placement import cyclic_node, node_grid
+from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
 from tests.helpers import write_array
 
-_load_strategies()
-TILINGS = sorted(STRATEGIES["tiling"])
-FUSIONS = sorted(STRATEGIES["fusion"])
+TILINGS = list(strategies("tiling"))
+FUSIONS = list(strategies("fusion"))
 
 
 def stored(root: Path, name: str, shape: tuple[int, ...], chunks: tuple[int, ...]) -> la.BlockArray:
@@ -114,7 +107,7 @@ def _hops(plan: Plan) -> list[int]:
     tasks = {t.id: t for t in plan.physical.tasks}
 
     def chains(task: Task) -> list[int]:
-        if task.kernel.fn not in COMBINE_FNS:
+        if not isinstance(task.kernel.fn, Combine):
             return [0]
         out = []
         for arg in task.args:
@@ -135,7 +128,7 @@ def test_transposed_product_crosses_nodes_at_most_log2_k_times_per_chain(tmp_pat
     budget = 2 * partial if fan_in == 2 else 64 * 2**20
     plan = planned([X.T @ Y], nodes=k, placement="lshs", block_budget=budget)
     hops = _hops(plan)
-    assert len(hops) == plan.cost.tasks - sum(t.kernel.fn in COMBINE_FNS for t in plan.physical.tasks)
+    assert len(hops) == plan.cost.tasks - sum(isinstance(t.kernel.fn, Combine) for t in plan.physical.tasks)
     assert max(hops) <= math.ceil(math.log2(k))
     # partials on one node are combined there: exactly one partial per node but the root's crosses
     assert plan.cost.bytes_between_nodes == (k - 1) * partial
@@ -199,7 +192,7 @@ def test_plan_cost_follows_objects_through_a_hand_built_plan() -> None:
     info = ArrayInfo("A", Location("file", "/nowhere/A.zarr"), (20,), "float64", (10,), 3)
     A = Source(info, BlockGrid((20,), (10,)))
     w = DriverValue("w", (2,), 16)
-    k = Kernel("k", add_partials)
+    k = Kernel("k", Combine("sum"))
 
     def task(name: str, node: int, *args: object, out: int) -> Task:
         return Task(name, k, tuple(args), node=node, out_shapes=((out // 8,),), out_bytes=(out,))

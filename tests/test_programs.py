@@ -22,7 +22,8 @@ from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import ArrayInfo, Location, StorageOptions, parse_uri
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.lower import assemble_outputs
-from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling, fuse, place
+from arrayjob.planner.pipeline import fuse, place
+from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling
 from arrayjob.planner.tiling import candidates, with_tilings
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session

@@ -21,8 +21,9 @@ from arrayjob.errors import SpecError
 from arrayjob.io.locations import ArrayInfo, Location
 from arrayjob.planner import tiling
 from arrayjob.planner.ir import Graph
-from arrayjob.planner.kernels import Assemble
-from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling, make_plan, strategy
+from arrayjob.planner.physical import Assemble
+from arrayjob.planner.pipeline import make_plan, strategy
+from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling
 from arrayjob.planner.tiling import candidates, communication_cost
 from tests.test_programs import random_program
 

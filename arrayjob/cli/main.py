@@ -106,7 +106,8 @@ def plan(spec: str, overrides: tuple[str, ...], stop_after: str, nodes: int, wor
     """
     from arrayjob import runner
     from arrayjob.lazy import capture
-    from arrayjob.planner.plan import ClusterShape, make_plan
+    from arrayjob.planner.pipeline import make_plan
+    from arrayjob.planner.plan import ClusterShape
     from arrayjob.planner.show import render
     from arrayjob.spec import load_spec
 

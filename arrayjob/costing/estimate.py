@@ -21,8 +21,9 @@ from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, physical_cost
 from arrayjob.planner.physical import SourceBlock
+from arrayjob.planner.pipeline import make_plan
 from arrayjob.planner.placement import placed_tree_tasks
-from arrayjob.planner.plan import ClusterShape, PlanOptions, make_plan
+from arrayjob.planner.plan import ClusterShape, PlanOptions
 
 STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -111,27 +110,19 @@ def _open_for_writing(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Ar
     return zarr.open_array(store=store, mode="r+"), counters
 
 
-@dataclass(frozen=True)
-class WriteBlock:
-    """A task kernel: write one block into a stored array; returns [bytes written, PUTs].
-
-    Blocks cover whole chunks, so concurrent writers never touch the same chunk, and a
-    retried task rewrites the same bytes (idempotent).
-    """
-
-    target: ArrayInfo
-    options: StorageOptions
-    selection: tuple[tuple[int, int], ...]
-
-    def __call__(self, block: np.ndarray) -> np.ndarray:
-        try:
-            array, counters = _open_for_writing(self.target, self.options)
-            before = (counters.bytes_written, counters.put_requests)
-            array[tuple(slice(a, b) for a, b in self.selection)] = block
-        except Exception as exc:  # noqa: BLE001
-            _open_for_writing.cache_clear()
-            raise StorageError(f"output: writing a block of {self.target.uri} failed: {_describe(exc)}") from None
-        return np.array([counters.bytes_written - before[0], counters.put_requests - before[1]], dtype=np.int64)
+def write_block(target: ArrayInfo, options: StorageOptions, selection: tuple[tuple[int, int], ...],
+                block: np.ndarray) -> np.ndarray:
+    """Write one block into a stored array (a task's body, ``planner.physical.WriteBlock``);
+    returns [bytes written, PUTs]. Blocks cover whole chunks, so concurrent writers never
+    touch the same chunk, and a retried task rewrites the same bytes (idempotent)."""
+    try:
+        array, counters = _open_for_writing(target, options)
+        before = (counters.bytes_written, counters.put_requests)
+        array[tuple(slice(a, b) for a, b in selection)] = block
+    except Exception as exc:  # noqa: BLE001
+        _open_for_writing.cache_clear()
+        raise StorageError(f"output: writing a block of {target.uri} failed: {_describe(exc)}") from None
+    return np.array([counters.bytes_written - before[0], counters.put_requests - before[1]], dtype=np.int64)
 
 
 def create_array(
@@ -202,7 +193,7 @@ def write_requests(driver_arrays: Mapping[str, tuple[tuple[int, ...], str]],
     them. Worker processes' metadata GETs are not counted, as in a run (see docs/report.md)."""
     import tempfile
 
-    from arrayjob.io.storage import parse_uri
+    from arrayjob.io.locations import parse_uri
 
     with tempfile.TemporaryDirectory(prefix="arrayjob-write-") as tmp:
         group = ResultGroup(parse_uri(tmp).join("result.zarr"), StorageOptions())

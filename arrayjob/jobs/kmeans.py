@@ -10,7 +10,7 @@ final centroids. Assignment compares ‖c‖² − 2x·c (scikit-learn's expansi
 blocks the assignment (k dot products and an argmin per row, no n × k scores) and the
 one-hot products (sums per cluster, counts, each row's centroid) run as compiled loops
 over the rows, not as products with n × k matrices, and the step's assignment, sums and
-counts as one loop: one read of X per block (``planner.rewrites``).
+counts as one loop: one read of X per block (``kernels.rewrites``).
 
 Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-means++
 (Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.

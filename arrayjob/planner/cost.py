@@ -32,9 +32,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from arrayjob.planner.kernels import BlockKernel, _pairwise
+from arrayjob.planner.contraction import pairwise
 from arrayjob.planner.physical import (
     Arg,
+    BlockKernel,
     CachedBlock,
     DriverValue,
     Kernel,
@@ -313,7 +314,7 @@ def _einsum_work(subscripts: str, ins: list[tuple[int, ...]], work: Counter[str]
     flops = 2 * math.prod(sizes.values())
     if len(ins) == 1:
         work["elementwise"] += math.prod(ins[0])
-    elif len(ins) == 2 and _pairwise(subscripts) is not None:  # tensordot: BLAS
+    elif len(ins) == 2 and pairwise(subscripts) is not None:  # tensordot: BLAS
         operand_bytes = 8 * sum(math.prod(s) for s in ins)
         if flops < MEMORY_BOUND_FLOPS_PER_BYTE * operand_bytes:
             work["contraction_bytes"] += operand_bytes

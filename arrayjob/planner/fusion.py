@@ -38,7 +38,8 @@ import heapq
 from collections.abc import Callable, Iterable
 
 from arrayjob.planner.fusion_model import Fuser, Group
-from arrayjob.planner.plan import FusedKernel, Plan, register
+from arrayjob.planner.plan import FusedKernel, Plan
+from arrayjob.planner.registry import register
 
 
 def kernel_name(plan: Plan, nodes: tuple[int, ...]) -> str:

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 from arrayjob.planner.ir import OPAQUE, parse_einsum
 from arrayjob.planner.plan import Plan
+from arrayjob.planner.reduction import tree_size
 
-FAN_IN = 8  # as lower.FAN_IN: partials are combined by a tree of this fan-in
 BANDWIDTH = 4e9  # bytes touched per second per worker (memory, object store)
 FLOP_RATE = 1e9  # elementwise operations per second per worker (a transcendental counts 10)
 TASK_SECONDS = 1e-3  # scheduling, argument resolution and result handling, per task
@@ -258,7 +258,7 @@ class Fuser:
             touched += f.nbytes * copies
             if dep[v] - f.own_set:  # partial: one combine tree per block
                 blocks = self.grids[v].num_blocks
-                t, b = reduction_tree(copies, f.nbytes // max(1, blocks))
+                t, b = tree_size(copies, f.nbytes // max(1, blocks))
                 extra += t * blocks
                 touched += b * blocks
         return KernelCost(tasks + extra, touched, 0)
@@ -280,20 +280,6 @@ def _space(cut_space: dict[int, int], contrib: dict[int, dict[int, int]]) -> dic
 
 def _copies(space: dict[int, int], dep: frozenset[int]) -> int:
     return math.prod(b for c, b in space.items() if c not in dep)
-
-
-def reduction_tree(parts: int, block: int) -> tuple[int, int]:
-    """Tasks and bytes of a reduction tree over ``parts`` partial blocks (as ``lower`` builds it)."""
-    tasks = touched = 0
-    level = parts
-    while level > 1:
-        full, last = divmod(level, FAN_IN)
-        for size in [FAN_IN] * full + ([last] if last else []):
-            if size > 1:
-                tasks += 1
-                touched += (size + 1) * block
-        level = full + (1 if last else 0)
-    return tasks, touched
 
 
 def _work(plan: Plan, v: int) -> int:

@@ -17,25 +17,29 @@ from collections import defaultdict
 
 import numpy as np
 
-from arrayjob.io.arrays import WriteBlock
 from arrayjob.planner.ir import OPAQUE, Graph
-from arrayjob.planner.kernels import COMBINE, Assemble, BlockKernel, Step
 from arrayjob.planner.physical import (
+    COMBINABLE,
     Arg,
+    Assemble,
     BlockGrid,
+    BlockKernel,
     CachedBlock,
+    Combine,
     DriverValue,
     Kernel,
     PhysicalPlan,
+    ReductionStep,
+    Selection,
     Source,
     SourceBlock,
+    Step,
     Task,
     TaskResult,
+    WriteBlock,
 )
 from arrayjob.planner.plan import FusedKernel, Plan
-
-FAN_IN = 8
-Selection = tuple[tuple[int, int], ...]
+from arrayjob.planner.reduction import combine_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +183,7 @@ class _Lowering:
             own = set(classes.of_node(v, n.ndim))
             dep[v] = d
             partial[v] = d - own
-            if partial[v] and not (n.op == "einsum" or (n.op == "reduce" and n.attrs[0] in COMBINE)):
+            if partial[v] and not (n.op == "einsum" or (n.op == "reduce" and n.attrs[0] in COMBINABLE)):
                 raise ValueError(f"kernel {kernel.name}: node {v} ({n.label()}) cannot combine partials")
             if partial[v] and v not in kernel.outputs:
                 raise ValueError(f"kernel {kernel.name}: partial node {v} ({n.label()}) must be an output")
@@ -228,7 +232,7 @@ class _Lowering:
                 if not partial[v]:
                     self.blocks[v][bidx] = results[0]
                     continue
-                fn = "sum" if n.op == "einsum" else n.attrs[0]
+                fn = COMBINABLE[n.op if n.op == "einsum" else n.attrs[0]]
                 sel = _block_selection(self.grids[v], bidx)
                 self.blocks[v][bidx] = self.reduce_tree(f"{fn}#{v}[{','.join(map(str, bidx))}]", fn, results,
                                                         tuple(b - a for a, b in sel), _nbytes(sel, n.dtype))
@@ -295,21 +299,18 @@ class _Lowering:
 
     def reduce_tree(self, name: str, fn: str, parts: list[TaskResult], shape: tuple[int, ...],
                     nbytes: int) -> TaskResult:
-        level, depth = parts, 0
-        while len(level) > 1:
-            depth += 1
-            nxt = []
-            for j in range(0, len(level), FAN_IN):
-                group = level[j: j + FAN_IN]
-                if len(group) == 1:
-                    nxt.append(group[0])
-                    continue
-                task = Task(f"combine {name}.{depth}.{j // FAN_IN}", Kernel(f"{fn}_partials", COMBINE[fn]),
-                            tuple(group), out_shapes=(shape,), out_bytes=(nbytes,))
-                self.tasks.append(task)
-                nxt.append(TaskResult(task.id))
-            level = nxt
-        return level[0]
+        """Combine a block's partials (``reduction.combine_tree``); each combine task is marked
+        as a step of the tree ``name``, which placement may rebuild."""
+        count = iter(range(len(parts)))
+
+        def combine(group: list[TaskResult], level: int, final: bool) -> TaskResult:
+            task = Task(f"combine {name}.{level}.{next(count)}", Kernel(f"{fn}_partials", Combine(fn)),
+                        tuple(group), out_shapes=(shape,), out_bytes=(nbytes,),
+                        reduction=ReductionStep(name, level))
+            self.tasks.append(task)
+            return TaskResult(task.id)
+
+        return combine_tree(parts, combine)
 
     def block_kernel(self, kernel: FusedKernel, external: list[int]) -> BlockKernel:
         g = self.graph

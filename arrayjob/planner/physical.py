@@ -11,9 +11,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
-from arrayjob.io.locations import ArrayInfo
+from arrayjob.io.locations import ArrayInfo, StorageOptions
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,15 @@ Work = Mapping[str, float]  # work by kind (``planner.cost.WORK_KINDS``) -> amou
 
 @dataclass(frozen=True)
 class Kernel:
-    """A named block function. ``fn`` must be a module-level function (pickled by reference).
+    """What a task runs: a name and a body.
+
+    The body is either a description the kernel compiler runs (``BlockKernel``,
+    ``Assemble``, ``Combine``, ``WriteBlock``, planned here and executed by
+    ``arrayjob.kernels.run`` on the workers), or a job's own block function. A job's
+    function must be a module-level function or a frozen dataclass instance (pickled by
+    reference), and it is part of the kernel's identity: two kernels that differ only in a
+    captured constant (``PageRankStep(damping)``) are different kernels, so they never
+    share a cached plan.
 
     ``cost``, for a job's own block function (``lazy.map_blocks``), says what one call does
     from its argument shapes, as work by kind (``{"qr_flops": 4 * n * d * d}``); without
@@ -54,8 +63,72 @@ class Kernel:
     """
 
     name: str
-    fn: Callable[..., object] = field(compare=False)
-    cost: Callable[[Sequence[tuple[int, ...]]], Work] | None = field(default=None, compare=False)
+    fn: Callable[..., object] | BlockKernel | Assemble | Combine | WriteBlock
+    cost: Callable[[Sequence[tuple[int, ...]]], Work] | None = None
+
+
+# -- kernel bodies the planner builds (data; ``arrayjob.kernels`` runs them) -----------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One operation of a block kernel: an IR op applied to earlier slots."""
+
+    op: str
+    attrs: tuple[Any, ...]
+    inputs: tuple[int, ...]  # slots
+    dtype: str
+
+
+@dataclass(frozen=True)
+class BlockKernel:
+    """A fused group as a straight-line program over slots: the arguments first, then one
+    slot per step. Its identity is its structure (constants included), so the workers'
+    compiled-program cache is keyed by it."""
+
+    name: str
+    n_args: int
+    steps: tuple[Step, ...]
+    outputs: tuple[int, ...]  # slots returned, in order
+
+
+Selection = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Assemble:
+    """Cut or glue blocks into the block a consumer needs (a re-tiling step).
+
+    ``pieces[k]`` is ``(where the k-th argument's slice lands in the output, which part of
+    the k-th argument to take)``, both as tuples of (start, stop) per axis.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    pieces: tuple[tuple[Selection, Selection], ...]
+
+
+@dataclass(frozen=True)
+class Combine:
+    """Combine partial results of a reduction: ``sum`` (sums and contractions), ``max``, ``min``."""
+
+    op: str
+
+
+COMBINABLE = {"sum": "sum", "einsum": "sum", "max": "max", "min": "min"}  # reduction -> Combine.op
+
+
+@dataclass(frozen=True)
+class WriteBlock:
+    """Write one block into a stored array; the task returns [bytes written, PUTs].
+
+    Blocks cover whole chunks, so concurrent writers never touch the same chunk, and a
+    retried task rewrites the same bytes (idempotent).
+    """
+
+    target: ArrayInfo
+    options: StorageOptions
+    selection: Selection
 
 
 @dataclass(frozen=True)
@@ -103,11 +176,22 @@ Arg = SourceBlock | TaskResult | DriverValue | CachedBlock
 
 
 @dataclass(frozen=True)
+class ReductionStep:
+    """Marks a combine task as a step of the reduction tree of one reduced block: every
+    task with the same ``tree`` combines partials of the same block. Placement rebuilds
+    trees from these marks, never from task ids."""
+
+    tree: str
+    level: int
+
+
+@dataclass(frozen=True)
 class Task:
     id: str
     kernel: Kernel
     args: tuple[Arg, ...]
     node: int | None = None  # index into the cluster's node list; None lets Ray choose
+    reduction: ReductionStep | None = None  # set on the combine tasks of a reduction tree
     num_outputs: int = 1
     out_shapes: tuple[tuple[int, ...], ...] = ()  # planned shape of each output
     out_bytes: tuple[int, ...] = ()  # planned size of each output, for placement and cost

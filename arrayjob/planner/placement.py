@@ -13,13 +13,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from arrayjob.planner.cost import ClusterLoad, Trial
-from arrayjob.planner.fusion_model import reduction_tree
-from arrayjob.planner.kernels import add_partials, max_partials, min_partials
-from arrayjob.planner.lower import FAN_IN
-from arrayjob.planner.physical import Arg, CachedBlock, PhysicalPlan, SourceBlock, Task, TaskResult
-from arrayjob.planner.plan import Plan, register
-
-COMBINE_FNS = (add_partials, max_partials, min_partials)
+from arrayjob.planner.physical import (
+    Arg,
+    CachedBlock,
+    Combine,
+    PhysicalPlan,
+    SourceBlock,
+    Task,
+    TaskResult,
+)
+from arrayjob.planner.plan import Plan
+from arrayjob.planner.reduction import FAN_IN, combine_tree, tree_size
+from arrayjob.planner.registry import register
 
 
 def _with_nodes(plan: Plan, nodes: list[int | None]) -> Plan:
@@ -110,7 +115,7 @@ def cyclic_node(index: tuple[int, ...], dims: tuple[int, ...]) -> int:
 class _Tree:
     """The combine tasks lowering emitted for one reduced block, and the partials they sum."""
 
-    prefix: str  # "combine sum#12[0]"
+    prefix: str  # the tree's name, e.g. "sum#12[0]"
     tasks: list[Task]
     root: str
     leaves: list[TaskResult]
@@ -120,8 +125,8 @@ def _reduction_trees(physical: PhysicalPlan) -> dict[str, _Tree]:
     """Trees by the id of their first task in plan order; only trees safe to rebuild."""
     groups: dict[str, list[Task]] = {}
     for task in physical.tasks:
-        if task.id.startswith("combine ") and task.kernel.fn in COMBINE_FNS and task.num_outputs == 1:
-            groups.setdefault(task.id.rsplit(".", 2)[0], []).append(task)
+        if task.reduction is not None and isinstance(task.kernel.fn, Combine) and task.num_outputs == 1:
+            groups.setdefault(task.reduction.tree, []).append(task)
     users: dict[str, set[str]] = {}
     for task in physical.tasks:
         for arg in task.args:
@@ -204,9 +209,10 @@ class _Placer:
         template = tree.tasks[0]
         counter = iter(range(len(self.ids) + 1))
 
-        def combine(parts: list[TaskResult], candidates: list[int], final: bool, label: str) -> TaskResult:
-            task_id = tree.root if final else self.fresh_id(f"{tree.prefix}.{label}.{next(counter)}")
-            task = dataclasses.replace(template, id=task_id, args=tuple(parts), node=None)
+        def combine(parts: list[TaskResult], candidates: list[int], final: bool, label: str, level: int) -> TaskResult:
+            task_id = tree.root if final else self.fresh_id(f"combine {tree.prefix}.{label}.{next(counter)}")
+            task = dataclasses.replace(template, id=task_id, args=tuple(parts), node=None,
+                                       reduction=dataclasses.replace(template.reduction, level=level))
             if not final:
                 self.load.uses[TaskResult(task_id)] += 1
             return self.place(task, candidates)
@@ -214,28 +220,21 @@ class _Placer:
         by_node: dict[int, list[TaskResult]] = {}
         for leaf in tree.leaves:
             by_node.setdefault(self.load.home[leaf], []).append(leaf)
+        alone = len(by_node) == 1
         per_node: list[tuple[int, TaskResult]] = []
         for node in sorted(by_node):
-            parts = by_node[node]
-            while len(parts) > 1:
-                last = len(by_node) == 1 and len(parts) <= FAN_IN
-                parts = [combine(parts[j: j + FAN_IN], [node], last, f"n{node}") if len(parts[j: j + FAN_IN]) > 1
-                         else parts[j] for j in range(0, len(parts), FAN_IN)]
-            per_node.append((node, parts[0]))
+            root = combine_tree(by_node[node], lambda group, level, final, node=node: combine(
+                group, [node], alone and final, f"n{node}", level))
+            per_node.append((node, root))
         # across nodes: as many partials per combine as fit one block's budget (at least
         # two, at most FAN_IN), so big partials go pairwise and small ones take few tasks
         fan_in = max(2, min(FAN_IN, self.block_budget // max(1, sum(template.out_bytes))))
-        while len(per_node) > 1:
-            last = len(per_node) <= fan_in
-            level = []
-            for j in range(0, len(per_node), fan_in):
-                group = per_node[j: j + fan_in]
-                if len(group) == 1:
-                    level.append(group[0])
-                    continue
-                result = combine([p for _, p in group], [n for n, _ in group], last, "x")
-                level.append((self.load.home[result], result))
-            per_node = level
+        if len(per_node) > 1:
+            def across(group: list[tuple[int, TaskResult]], level: int, final: bool) -> tuple[int, TaskResult]:
+                result = combine([p for _, p in group], [n for n, _ in group], final, "x", level)
+                return self.load.home[result], result
+
+            combine_tree(per_node, across, fan_in)
 
     def fresh_id(self, base: str) -> str:
         task_id, k = base, 0
@@ -252,4 +251,4 @@ def placed_tree_tasks(parts_per_node: list[int]) -> int:
     node's partials combined on that node first, then one partial per node in a tree across
     the nodes. On one node it is ``lower``'s tree."""
     holding = [c for c in parts_per_node if c]
-    return sum(reduction_tree(c, 0)[0] for c in holding) + reduction_tree(len(holding), 0)[0]
+    return sum(tree_size(c, 0)[0] for c in holding) + tree_size(len(holding), 0)[0]

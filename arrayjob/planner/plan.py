@@ -1,24 +1,20 @@
-"""The plan and its passes: ``tile -> fuse -> place -> cost``, each ``Plan -> Plan``.
+"""The plan: what every pass reads and fills in (``planner.pipeline`` runs the passes).
 
-A ``Plan`` starts as a graph and options; each pass fills in its part. Strategies for a
-pass are registered by name with one signature, so every optimisation can be switched
-off and compared (``--tiling naive``, ``--fusion none``, ``--placement ray``).
+A ``Plan`` starts as a graph and options; ``tile`` adds tilings and block lengths,
+``fuse`` the fused kernels, ``place`` the physical plan with a node per task, ``cost``
+its cost. Frozen dataclasses: a pass returns a new plan.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrayjob.errors import SpecError
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.physical import BlockGrid, PhysicalPlan
 
 GiB = 2**30
-PASSES = ("tile", "fuse", "place", "cost")
 
 
 @dataclass(frozen=True)
@@ -102,79 +98,3 @@ class Plan:
             for a, (c, s) in enumerate(zip(classes, n.shape, strict=True))
         )
         return BlockGrid(n.shape, block)
-
-
-Pass = Callable[[Plan], Plan]
-STRATEGIES: dict[str, dict[str, Pass]] = {"tiling": {}, "fusion": {}, "placement": {}}
-
-
-def register(kind: str, name: str) -> Callable[[Pass], Pass]:
-    def decorate(fn: Pass) -> Pass:
-        STRATEGIES[kind][name] = fn
-        return fn
-
-    return decorate
-
-
-def strategy(kind: str, name: str) -> Pass:
-    _load_strategies()
-    try:
-        return STRATEGIES[kind][name]
-    except KeyError:
-        raise SpecError(f"--{kind}: unknown strategy {name!r} (expected one of: {', '.join(sorted(STRATEGIES[kind]))})") from None
-
-
-def _load_strategies() -> None:
-    # Importing the pass modules registers their strategies.
-    from arrayjob.planner import cost, fusion, placement, tiling  # noqa: F401
-
-
-def tile(plan: Plan) -> Plan:
-    """The strategy's tilings, keeping what the program fixes itself (``map_blocks``, ``store``)."""
-    from arrayjob.planner.fixed import fixed_blocking
-
-    tiled = strategy("tiling", plan.options.tiling)(plan)
-    fixed, lengths = fixed_blocking(plan.graph)
-    if not fixed:
-        return tiled
-    assert tiled.tilings is not None
-    tilings = tuple(fixed.get(i, t) for i, t in enumerate(tiled.tilings))
-    merged = {**dict(tiled.block_lengths), **lengths}
-    return dataclasses.replace(tiled, tilings=tilings, block_lengths=tuple(sorted(merged.items())))
-
-
-def fuse(plan: Plan) -> Plan:
-    return strategy("fusion", plan.options.fusion)(plan)
-
-
-def place(plan: Plan) -> Plan:
-    from arrayjob.planner.lower import lower
-
-    return strategy("placement", plan.options.placement)(lower(plan))
-
-
-def estimate(plan: Plan) -> Plan:
-    from arrayjob.planner.cost import plan_cost
-
-    return dataclasses.replace(plan, cost=plan_cost(plan))
-
-
-PIPELINE: tuple[tuple[str, Pass], ...] = (("tile", tile), ("fuse", fuse), ("place", place), ("cost", estimate))
-
-
-def make_plan(graph: Graph, options: PlanOptions, stop_after: str = "cost") -> Plan:
-    """Run the passes in order, stopping after ``stop_after``."""
-    if stop_after not in PASSES:
-        raise SpecError(f"--stop-after: expected one of {', '.join(PASSES)}, got {stop_after!r}")
-    plan = Plan(graph, options)
-    for name, run_pass in PIPELINE:
-        plan = run_pass(plan)
-        if name == stop_after:
-            break
-    return plan
-
-
-@functools.lru_cache(maxsize=128)
-def cached_plan(graph: Graph, options: PlanOptions) -> Plan:
-    """Plans by structure: an iterative job builds the same graph and plans it once."""
-    return make_plan(graph, options)

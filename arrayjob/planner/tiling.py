@@ -38,7 +38,8 @@ from arrayjob.io.locations import ArrayInfo
 from arrayjob.planner.fixed import fixed_blocking
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.physical import BlockGrid
-from arrayjob.planner.plan import TARGET_BLOCK_BYTES, Plan, PlanOptions, Tiling, register
+from arrayjob.planner.plan import TARGET_BLOCK_BYTES, Plan, PlanOptions, Tiling
+from arrayjob.planner.registry import register
 
 EXACT_MAX_TABLE = 1 << 16  # largest cost table exact search may build before it gives up
 

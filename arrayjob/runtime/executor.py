@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from arrayjob import kernels
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import read_block
 from arrayjob.io.locations import StorageCounters, StorageOptions
@@ -52,7 +53,7 @@ def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptio
     if block.dtype.kind in "fc" and not np.isfinite(block).all():
         raise InputError(f"inputs.{source.array.name}: NaN or infinite values in [{where}] of {source.array.uri}")
     if source.check is not None:
-        problem = source.check.fn(block)
+        problem = kernels.run(source.check.fn, block)
         if problem:
             raise InputError(f"inputs.{source.array.name}: {problem} in [{where}] of {source.array.uri}")
     return block, {"nbytes": int(block.nbytes), **counters.as_dict()}
@@ -104,7 +105,7 @@ class LocalExecutor:
                     args.append(self._kept[arg.handle][arg.position])
                 else:
                     args.append(values[arg.name])
-            out = task.kernel.fn(*args)
+            out = kernels.run(task.kernel.fn, *args)
             results[task.id] = out if task.num_outputs > 1 else (out,)
         self.metrics.count_tasks(len(plan.tasks))
         return [results[o.task][o.output] for o in plan.outputs]

@@ -35,6 +35,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from arrayjob import kernels
 from arrayjob.errors import ArrayJobError
 from arrayjob.io.locations import StorageCounters, StorageOptions
 from arrayjob.planner.cost import ClusterLoad
@@ -87,13 +88,13 @@ def _load(source: Source, index: tuple[int, ...], options: StorageOptions) -> tu
 
 @ray.remote(max_retries=TASK_RETRIES)
 def _run_kernel(fn: Any, *args: Any) -> Any:
-    return fn(*args)
+    return kernels.run(fn, *args)
 
 
 @ray.remote(max_retries=TASK_RETRIES)
 def _run_measured(fn: Any, num_outputs: int, *args: Any) -> tuple[Any, ...]:
     """``fn(*args)``'s results, then the record ``(node id, bytes of each result, bytes of the args)``."""
-    out = fn(*args)
+    out = kernels.run(fn, *args)
     outs = tuple(out) if num_outputs > 1 else (out,)
     return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), sum(_nbytes(a) for a in args)))
 

@@ -1,4 +1,5 @@
-"""A session runs lazy array programs: capture the graph, plan it (cached), execute, assemble."""
+"""A session runs lazy array programs: capture the graph, plan it (its planner caches the
+plans for the session's lifetime), execute, assemble."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy as np
 
 from arrayjob.lazy import BlockArray, bound_values, cached, capture
 from arrayjob.planner.lower import assemble_outputs
-from arrayjob.planner.plan import Plan, PlanOptions, cached_plan
+from arrayjob.planner.pipeline import Planner
+from arrayjob.planner.plan import Plan, PlanOptions
 from arrayjob.runtime.executor import Executor
 
 _handles = itertools.count()
@@ -20,14 +22,16 @@ _handles = itertools.count()
 class Session:
     """Plans and runs programs on one executor, with one set of planner options."""
 
-    def __init__(self, executor: Executor, options: PlanOptions | None = None) -> None:
+    def __init__(self, executor: Executor, options: PlanOptions | None = None,
+                 planner: Planner | None = None) -> None:
         self.executor = executor
         self.options = options or PlanOptions()
+        self.planner = planner or Planner()
         self.planning_seconds: list[float] = []
 
     def plan(self, outputs: Mapping[str, BlockArray]) -> Plan:
         start = time.perf_counter()
-        plan = cached_plan(capture(list(outputs.values())), self.options)
+        plan = self.planner.plan(capture(list(outputs.values())), self.options)
         self.planning_seconds.append(time.perf_counter() - start)
         return plan
 

@@ -201,7 +201,7 @@ def _call(loop: Callable[..., Any], *slots: int) -> Callable[[list[Any]], Any]:
 def _loops() -> Any:
     """The compiled loops (``loops``, numba), or None without numba."""
     try:
-        from arrayjob.planner import loops
+        from arrayjob.kernels import loops
     except ImportError:  # pragma: no cover - numba is a dependency
         return None
     return loops

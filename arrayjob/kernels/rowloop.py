@@ -257,7 +257,7 @@ class _RowLoop:
             + "\n".join(body) + "\n"
 
     def runner(self) -> Callable[[list[Any]], None]:
-        from arrayjob.planner.kernels import evaluate
+        from arrayjob.kernels.block import evaluate
 
         loop = _compiled(self.source())
         rows, pres = self.params

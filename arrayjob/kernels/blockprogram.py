@@ -30,7 +30,7 @@ runs the kernel, once per argument shapes and dtypes):
    cut into rows, everything else per row a scalar (the logistic loss and gradient), is
    generated as one numba loop over the rows instead of pieces.
 
-``Program(kernel, args)`` is the compiled form; ``BlockKernel`` caches it.
+``Program(kernel, args)`` is the compiled form; ``block.CompiledPrograms`` caches it.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from arrayjob.planner import rowloop
+from arrayjob.kernels import rowloop
+from arrayjob.kernels.rewrites import packed, rewrites
 from arrayjob.planner.ir import COMPARISONS, infer_shape, parse_einsum
-from arrayjob.planner.rewrites import packed, rewrites
 
 try:  # numexpr is a dependency; without it kernels run NumPy step by step
     from numexpr import set_num_threads
@@ -99,7 +99,7 @@ class Program:
     """A ``BlockKernel`` compiled for one set of argument shapes and dtypes."""
 
     def __init__(self, kernel: Any, args: Sequence[Any]) -> None:
-        from arrayjob.planner.kernels import evaluate
+        from arrayjob.kernels.block import evaluate
 
         self.kernel = kernel
         n_args = kernel.n_args
