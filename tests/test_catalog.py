@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorly as tl
@@ -37,12 +39,13 @@ def put(tmp_path):
     return put
 
 
-def run_job(algorithm, arrays, result=None, **params):
+def run_job(algorithm, arrays, result=None, session=None, **params):
     cls = get_job(algorithm)
     job = cls(table_to_dataclass(cls.Params, params, "params"), arrays)
-    executor = LocalExecutor(StorageOptions())
-    session = Session(executor, PlanOptions(cluster=ClusterShape(nodes=2, workers_per_node=2), **PLANNER))
-    return job.run(JobContext(session, executor.metrics, StorageOptions(), result))
+    if session is None:
+        session = Session(LocalExecutor(StorageOptions()),
+                          PlanOptions(cluster=ClusterShape(nodes=2, workers_per_node=2), **PLANNER))
+    return job.run(JobContext(session, session.executor.metrics, StorageOptions(), result))
 
 
 def conditioned(shape, cond, seed=6):
@@ -199,6 +202,35 @@ def test_pagerank_matches_networkx(put, n_nodes):
     assert r.arrays["rank"].shape == (n,) and r.attrs["converged"]
     assert np.abs(r.arrays["rank"] - ref).sum() <= 1e-6
     assert r.arrays["rank"].sum() == pytest.approx(1.0, abs=1e-12)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """A job's block function that captures a constant, as ``PageRankStep(damping)`` does."""
+
+    factor: float
+
+    def __call__(self, block: np.ndarray) -> np.ndarray:
+        return block * self.factor
+
+
+def test_two_jobs_in_one_process_keep_their_own_parameters(put):
+    """Two programs that differ only in a constant their kernel captures build graphs of
+    the same shape. Through one session (one planner, as a long-lived process running two
+    jobs would), each must compute with its own constant: the kernel's function is part of
+    its identity, so they never share a cached plan."""
+    from arrayjob import lazy as la
+    from arrayjob.planner.physical import Kernel
+
+    X = np.arange(24.0).reshape(12, 2)
+    info = put("X", X, (4, 2))
+    session = Session(LocalExecutor(StorageOptions()),
+                      PlanOptions(cluster=ClusterShape(nodes=2, workers_per_node=2), **PLANNER))
+    for factor in (2.0, 3.0, 2.0):
+        (scaled,) = la.map_blocks(Kernel("scale", Scale(factor)), la.from_zarr(info),
+                                  outputs=[((12, 2), "float64", 4)], block_rows=[4])
+        np.testing.assert_array_equal(session.compute({"y": la.sum(scaled, axis=0)})["y"], factor * X.sum(axis=0))
+    assert len(session.planner) == 2  # the third program is the first again: planned once
 
 
 @pytest.mark.parametrize("size,high", [(0, 5), (1, 5), (2, 1), (1000, 10), (100_000, 2**40)])
