@@ -12,41 +12,80 @@ Steps that don't depend on the rows run before the loop and steps that need a fi
 after it, both with NumPy. A program with any other kind of step (elementwise on X, a
 product of X with a matrix, integer arithmetic) is not rewritten (``build`` returns None).
 
-The generated source is written to a file named by its hash and compiled by numba with its
+The loop is built as a Python ``ast`` tree: one ``for`` over the rows with a statement per
+step, each elementwise step's expression made by its rule in ``SCALAR`` (op name -> a
+function from argument nodes to an expression node). Rewrites (``REWRITES``) are functions
+from a loop body to a loop body, applied before the function is assembled. The tree's source
+(``ast.unparse``) is written to a file named by its hash and compiled by numba with its
 on-disk cache, so each process compiles a program once and later processes load it.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import math
 import os
-import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from arrayjob.planner.ir import parse_einsum
+from arrayjob.planner.ir import COMPARISONS, ELEMENTWISE, parse_einsum
 
+
+def _load(name: str) -> ast.Name:
+    return ast.Name(name, ast.Load())
+
+
+def _store(name: str) -> ast.Name:
+    return ast.Name(name, ast.Store())
+
+
+def _call(function: str, *args: ast.expr) -> ast.Call:
+    """``function(*args)``; ``function`` may be dotted (``math.exp``)."""
+    module, _, name = function.rpartition(".")
+    func: ast.expr = ast.Attribute(_load(module), name, ast.Load()) if module else _load(name)
+    return ast.Call(func, list(args), [])
+
+
+def _function(name: str) -> Callable[..., ast.expr]:
+    return lambda *args: _call(name, *args)
+
+
+def _binary(op: type[ast.operator]) -> Callable[[ast.expr, ast.expr], ast.expr]:
+    return lambda a, b: ast.BinOp(a, op(), b)
+
+
+def _compare(op: type[ast.cmpop]) -> Callable[[ast.expr, ast.expr], ast.expr]:
+    return lambda a, b: ast.Compare(a, [op()], [b])
+
+
+# The scalar form of each elementwise function of ir.UNARY, BINARY and TERNARY: op name -> a
+# function from its argument nodes to its expression node. The _-prefixed functions are
+# defined in HELPERS: NumPy's answers where math has none or differs (NaN, ±inf, out of domain).
+SCALAR: dict[str, Callable[..., ast.expr]] = {
+    "negative": lambda x: ast.UnaryOp(ast.USub(), x), "exp": _function("math.exp"),
+    "log": _function("_log"), "log1p": _function("_log1p"), "expm1": _function("math.expm1"),
+    "sqrt": _function("_sqrt"), "abs": _function("abs"), "square": lambda x: ast.BinOp(x, ast.Mult(), x),
+    "tanh": _function("math.tanh"), "sin": _function("math.sin"), "cos": _function("math.cos"),
+    "erf": _function("math.erf"), "reciprocal": lambda x: ast.BinOp(ast.Constant(1.0), ast.Div(), x),
+    "sigmoid": _function("_sigmoid"),
+    "add": _binary(ast.Add), "subtract": _binary(ast.Sub), "multiply": _binary(ast.Mult),
+    "divide": _binary(ast.Div), "power": _binary(ast.Pow), "maximum": _function("_maximum"),
+    "minimum": _function("_minimum"), "logaddexp": _function("_logaddexp"),
+    "greater": _compare(ast.Gt), "less": _compare(ast.Lt), "greater_equal": _compare(ast.GtE),
+    "less_equal": _compare(ast.LtE), "equal": _compare(ast.Eq), "not_equal": _compare(ast.NotEq),
+    "where": lambda condition, a, b: ast.IfExp(condition, a, b),
+}
 MATRIX, ROW, PRE, ACC, POST = "matrix", "row", "pre", "acc", "post"
 FLOAT = "float64"
-# scalar forms of the elementwise functions; helpers are defined in the generated module
-SCALAR = {
-    "negative": "(-{0})", "exp": "math.exp({0})", "log": "_log({0})", "log1p": "_log1p({0})",
-    "expm1": "math.expm1({0})", "sqrt": "_sqrt({0})", "abs": "abs({0})", "square": "({0}*{0})",
-    "tanh": "math.tanh({0})", "sin": "math.sin({0})", "cos": "math.cos({0})", "erf": "math.erf({0})",
-    "reciprocal": "(1.0/{0})", "sigmoid": "_sigmoid({0})",
-    "add": "({0}+{1})", "subtract": "({0}-{1})", "multiply": "({0}*{1})", "divide": "({0}/{1})",
-    "power": "({0}**{1})", "maximum": "_maximum({0},{1})", "minimum": "_minimum({0},{1})",
-    "logaddexp": "_logaddexp({0},{1})",
-    "greater": "({0}>{1})", "less": "({0}<{1})", "greater_equal": "({0}>={1})", "less_equal": "({0}<={1})",
-    "equal": "({0}=={1})", "not_equal": "({0}!={1})", "where": "({1} if {0} else {2})",
-}
+ROW_INDEX, COLUMN_INDEX = "i", "c"
+
 HELPERS = '''
 import math
 import numba
@@ -122,8 +161,11 @@ def build(program: Any, carrier: int) -> Callable[[list[Any]], None] | None:
         return None
 
 
+Rewrite = Callable[[list[ast.stmt]], list[ast.stmt]]
+
+
 class _RowLoop:
-    def __init__(self, program: Any, carrier: int) -> None:
+    def __init__(self, program: Any, carrier: int, rewrites: Sequence[Rewrite] | None = None) -> None:
         self.kernel, self.shapes, self.dtypes = program.kernel, program.shapes, program.dtypes
         n_args = self.kernel.n_args
         shape = self.shapes[carrier]
@@ -135,7 +177,7 @@ class _RowLoop:
             self.role[s] = MATRIX if s == carrier else ROW if self._per_row(s) else PRE
             if self.role[s] == ROW and self.dtypes[s] not in ("float64", "float32", "int64", "int32", "bool"):
                 raise _Unfit
-        self.lines: list[str] = []  # the loop body
+        self.body: list[ast.stmt] = []  # the loop body: per row, a statement or two per step
         self.accumulators: list[tuple[int, str]] = []  # (slot, "scalar" | "vector")
         self.steps_pre: list[int] = []
         self.steps_post: list[int] = []
@@ -143,10 +185,14 @@ class _RowLoop:
             self._classify(n_args + i, step)
         if not self.accumulators:
             raise _Unfit  # nothing summed over the rows: the pieces are as good
-        self._share_exp()
         for o in self.kernel.outputs:
             if self.role[o] in (MATRIX, ROW):
                 raise _Unfit
+        for rewrite in REWRITES if rewrites is None else rewrites:
+            self.body = rewrite(self.body)
+        read = {node.id for stmt in self.body for node in ast.walk(stmt) if isinstance(node, ast.Name)}
+        self.rows = [s for s in range(n_args) if self.role[s] == ROW]
+        self.pres = [s for s in range(len(self.shapes)) if self.role.get(s) == PRE and f"p{s}" in read]
 
     def _per_row(self, slot: int) -> bool:
         shape = self.shapes[slot]
@@ -155,13 +201,14 @@ class _RowLoop:
     def _scalar_pre(self, slot: int) -> bool:
         return self.role[slot] == PRE and math.prod(self.shapes[slot]) == 1
 
-    def _name(self, slot: int) -> str:
+    def _value(self, slot: int) -> ast.expr:
+        """``slot`` read inside the loop: this row's element, a loop constant or a temporary."""
         role = self.role[slot]
         if role == ROW and slot < self.kernel.n_args:
-            return f"a{slot}[i]" if len(self.shapes[slot]) == 1 else f"a{slot}[i, 0]"
-        if role == PRE:
-            return f"p{slot}"
-        return f"t{slot}"
+            row = _load(ROW_INDEX)
+            index = row if len(self.shapes[slot]) == 1 else ast.Tuple([row, ast.Constant(0)], ast.Load())
+            return ast.Subscript(_load(f"a{slot}"), index, ast.Load())
+        return _load(f"p{slot}" if role == PRE else f"t{slot}")
 
     def _classify(self, slot: int, step: Any) -> None:
         roles = [self.role[s] for s in step.inputs]
@@ -175,20 +222,20 @@ class _RowLoop:
             self.role[slot] = POST
             self.steps_post.append(slot)
             return
-        op = step.op
+        op, target = step.op, f"t{slot}"
         if op == "map":
             fn = step.attrs[0]
             if fn not in SCALAR or MATRIX in roles or not self._per_row(slot):
                 raise _Unfit
             if any(r == PRE and not self._scalar_pre(s) for s, r in zip(step.inputs, roles, strict=True)):
                 raise _Unfit
-            if step.dtype not in (FLOAT, "bool") or (step.dtype == "bool") != (fn in _COMPARISONS):
+            if step.dtype not in (FLOAT, "bool") or (step.dtype == "bool") != (fn in COMPARISONS):
                 raise _Unfit
             ins = [self.dtypes[s] for s in step.inputs]
             if fn != "where" and "bool" in ins:
                 raise _Unfit  # arithmetic on booleans: NumPy's types, not ours
             self.role[slot] = ROW
-            self.lines.append(f"t{slot} = " + SCALAR[fn].format(*(self._name(s) for s in step.inputs)))
+            self.body.append(_assign(target, SCALAR[fn](*(self._value(s) for s in step.inputs))))
         elif op == "einsum" and len(step.inputs) == 2:
             terms, out = parse_einsum(step.attrs[0])
             (ra, rb), (sa, sb) = roles, step.inputs
@@ -199,11 +246,14 @@ class _RowLoop:
                 raise _Unfit
             if rb == PRE and other == x[1] and out == x[0] and self.shapes[sb] == (self.d,):
                 self.role[slot] = ROW  # X @ w: a dot product per row
-                self.lines += [f"t{slot} = 0.0", "for c in range(d):", f"    t{slot} += X[i, c] * p{sb}[c]"]
+                w_c = ast.Subscript(_load(f"p{sb}"), _load(COLUMN_INDEX), ast.Load())
+                self.body += [_assign(target, ast.Constant(0.0)),
+                              _over_columns(_add_to(_store(target), ast.BinOp(_x_ic(), ast.Mult(), w_c)))]
             elif rb == ROW and other == x[0] and out == x[1] and len(self.shapes[sb]) == 1:
                 self.role[slot] = ACC  # Xᵀ @ v: accumulated
                 self.accumulators.append((slot, "vector"))
-                self.lines += ["for c in range(d):", f"    t{slot}[c] += X[i, c] * {self._name(sb)}"]
+                t_c = ast.Subscript(_load(target), _load(COLUMN_INDEX), ast.Store())
+                self.body.append(_over_columns(_add_to(t_c, ast.BinOp(_x_ic(), ast.Mult(), self._value(sb)))))
             else:
                 raise _Unfit
         elif op == "reduce" and step.attrs[0] == "sum" and roles == [ROW] and step.dtype == FLOAT:
@@ -211,56 +261,39 @@ class _RowLoop:
             if self.shapes[slot] == ():
                 self.role[slot] = ACC
                 self.accumulators.append((slot, "scalar"))
-                self.lines.append(f"t{slot} += {self._name(source)}")
+                self.body.append(_add_to(_store(target), self._value(source)))
             elif self._per_row(slot):  # (n, 1) -> (n,)
                 self.role[slot] = ROW
-                self.lines.append(f"t{slot} = {self._name(source)}")
+                self.body.append(_assign(target, self._value(source)))
             else:
                 raise _Unfit
         else:
             raise _Unfit
 
-    def _share_exp(self) -> None:
-        """``t = _logaddexp(p, x)`` and ``u = _sigmoid(x)`` of the same x (a logistic loss
-        and its gradient) become one ``_logaddexp_sigmoid`` call: one exp per row instead
-        of two (``benchmarks/bench_profile.py kernel logreg`` times the loop, and the loop
-        with its exp and its log1p replaced by arithmetic)."""
-        sigmoid = {m.group(2): (i, m.group(1)) for i, line in enumerate(self.lines)
-                   if (m := re.fullmatch(r"(t\d+) = _sigmoid\((t\d+|a\d+\[i(?:, 0)?\])\)", line))}
-        for i, line in enumerate(self.lines):
-            m = re.fullmatch(r"(t\d+) = _logaddexp\((p\d+|t\d+|a\d+\[i(?:, 0)?\]),(p\d+|t\d+|a\d+\[i(?:, 0)?\])\)", line)
-            if not m:
-                continue
-            for other, x in ((m.group(2), m.group(3)), (m.group(3), m.group(2))):
-                if x in sigmoid and other.startswith("p"):  # a loop constant, defined before any line
-                    j, out = sigmoid.pop(x)
-                    first = min(i, j)
-                    self.lines[first] = f"{m.group(1)}, {out} = _logaddexp_sigmoid({other},{x})"
-                    self.lines[max(i, j)] = "pass"
-                    break
-
     # -- the generated function ---------------------------------------------------------------
+    def tree(self) -> ast.Module:
+        """HELPERS, then ``row_loop(X, a…, p…)``: one ``for`` over the rows, returning the
+        accumulators."""
+        params = ["X", *(f"a{s}" for s in self.rows), *(f"p{s}" for s in self.pres)]
+        shape = ast.Assign([ast.Tuple([_store("n"), _store("d")], ast.Store())],
+                           ast.Attribute(_load("X"), "shape", ast.Load()))
+        zeros = [_assign(f"t{s}", ast.Constant(0.0) if kind == "scalar" else _call("np.zeros", _load("d")))
+                 for s, kind in self.accumulators]
+        rows = ast.For(_store(ROW_INDEX), _call("range", _load("n")), self.body, [])
+        result = ast.Return(ast.Tuple([_load(f"t{s}") for s, _ in self.accumulators], ast.Load()))
+        signature = ast.arguments(posonlyargs=[], args=[ast.arg(p) for p in params], kwonlyargs=[],
+                                  kw_defaults=[], defaults=[])
+        function = ast.FunctionDef("row_loop", signature, [shape, *zeros, rows, result], [_jit()])
+        return ast.fix_missing_locations(ast.Module([*ast.parse(HELPERS).body, function], []))
+
     def source(self) -> str:
-        n_args = self.kernel.n_args
-        rows = [s for s in range(n_args) if self.role[s] == ROW]
-        pres = sorted({s for s in range(len(self.shapes)) if self.role.get(s) == PRE
-                       and any(f"p{s}" in line for line in self.lines)})
-        params = ["X", *(f"a{s}" for s in rows), *(f"p{s}" for s in pres)]
-        body = [f"def row_loop({', '.join(params)}):", "    n, d = X.shape"]
-        for slot, kind in self.accumulators:
-            body.append(f"    t{slot} = " + ("0.0" if kind == "scalar" else "np.zeros(d)"))
-        body.append("    for i in range(n):")
-        body += [f"        {line}" for line in self.lines]
-        body.append(f"    return ({''.join(f't{s}, ' for s, _ in self.accumulators)})")
-        self.params = (rows, pres)
-        return HELPERS + "\n\n@numba.njit(cache=True, nogil=True, error_model='numpy', fastmath={'reassoc', 'contract'})\n" \
-            + "\n".join(body) + "\n"
+        return ast.unparse(self.tree()) + "\n"
 
     def runner(self) -> Callable[[list[Any]], None]:
         from arrayjob.kernels.block import evaluate
 
         loop = _compiled(self.source())
-        rows, pres = self.params
+        rows, pres = self.rows, self.pres
         kernel, n_args = self.kernel, self.kernel.n_args
         accumulators = [s for s, _ in self.accumulators]
         pre_steps, post_steps = self.steps_pre, self.steps_post
@@ -283,7 +316,72 @@ class _RowLoop:
         return run
 
 
-_COMPARISONS = {"greater", "less", "greater_equal", "less_equal", "equal", "not_equal"}
+def _assign(target: str, value: ast.expr) -> ast.Assign:
+    return ast.Assign([_store(target)], value)
+
+
+def _add_to(target: ast.Name | ast.Subscript, value: ast.expr) -> ast.AugAssign:
+    return ast.AugAssign(target, ast.Add(), value)
+
+
+def _over_columns(*body: ast.stmt) -> ast.For:
+    return ast.For(_store(COLUMN_INDEX), _call("range", _load("d")), list(body), [])
+
+
+def _x_ic() -> ast.Subscript:
+    """``X[i, c]``"""
+    return ast.Subscript(_load("X"), ast.Tuple([_load(ROW_INDEX), _load(COLUMN_INDEX)], ast.Load()), ast.Load())
+
+
+def _jit() -> ast.Call:
+    """The loop's decorator: numba's on-disk cache, no GIL, NumPy's float errors, and sums
+    that may be reassociated (vectorised)."""
+    options = {"cache": ast.Constant(True), "nogil": ast.Constant(True), "error_model": ast.Constant("numpy"),
+               "fastmath": ast.Set([ast.Constant("reassoc"), ast.Constant("contract")])}
+    return ast.Call(ast.Attribute(_load("numba"), "njit", ast.Load()), [],
+                    [ast.keyword(k, v) for k, v in options.items()])
+
+
+# -- rewrites of the loop body ----------------------------------------------------------------
+def _elementwise(stmt: ast.stmt, op: str) -> tuple[ast.expr, list[ast.expr]] | None:
+    """(target, arguments) if ``stmt`` is ``target = op(arguments)`` as ``SCALAR`` writes it."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Call)):
+        return None
+    args = stmt.value.args
+    if len(args) != ELEMENTWISE[op][0] or ast.dump(stmt.value) != ast.dump(SCALAR[op](*args)):
+        return None
+    return stmt.targets[0], args
+
+
+def share_exp(body: list[ast.stmt]) -> list[ast.stmt]:
+    """``t = logaddexp(p, x)`` and ``u = sigmoid(x)`` of the same x with p a loop constant (a
+    logistic loss and its gradient) become ``t, u = _logaddexp_sigmoid(p, x)`` where the first
+    of the two was: one exp per row instead of two (``benchmarks/bench_profile.py kernel logreg``
+    times the loop, and the loop with its exp and its log1p replaced by arithmetic)."""
+    stored = {node.id for stmt in body for node in ast.walk(stmt)
+              if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    sigmoid: dict[str, tuple[int, ast.expr]] = {}  # ast.dump(x) -> (where, u)
+    for j, stmt in enumerate(body):
+        if match := _elementwise(stmt, "sigmoid"):
+            sigmoid[ast.dump(match[1][0])] = (j, match[0])
+    out: list[ast.stmt | None] = list(body)
+    for i, stmt in enumerate(body):
+        if not (match := _elementwise(stmt, "logaddexp")):
+            continue
+        t, (a, b) = match
+        for p, x in ((a, b), (b, a)):
+            # p must be defined before the loop, as the pair may move up to where u was
+            constant = isinstance(p, ast.Name) and p.id not in stored and p.id != ROW_INDEX
+            if constant and ast.dump(x) in sigmoid:
+                j, u = sigmoid.pop(ast.dump(x))
+                pair = ast.Assign([ast.Tuple([t, u], ast.Store())], _call("_logaddexp_sigmoid", p, x))
+                out[min(i, j)] = ast.copy_location(pair, body[min(i, j)])
+                out[max(i, j)] = None
+                break
+    return [stmt for stmt in out if stmt is not None]
+
+
+REWRITES: tuple[Rewrite, ...] = (share_exp,)
 _LOADED: dict[str, Callable[..., Any]] = {}
 
 
