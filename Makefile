@@ -29,7 +29,10 @@ $(DEMO)/X.zarr/zarr.json: | $(VENV)/.installed
 demo: $(VENV)/.installed $(DEMO)/X.zarr/zarr.json
 	$(BIN)/arrayjob run configs/logreg.toml
 
+# Import contracts first (layers downward only, no cycles, a planner free of execution
+# and storage libraries: [tool.importlinter] in pyproject.toml), then the suite.
 test: $(VENV)/.installed-test
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 # arrayjob against its peers and the machine's limits (docs/benchmarks.md). The full size

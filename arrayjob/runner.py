@@ -15,14 +15,14 @@ from arrayjob.costing.estimate import estimate_job
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import load_profile
 from arrayjob.errors import InputError
-from arrayjob.io import report_html
 from arrayjob.io.arrays import ResultGroup, open_array_info, write_group
 from arrayjob.io.locations import ArrayInfo, StorageCounters
 from arrayjob.io.output import JobOutput
-from arrayjob.io.report import build_report
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import Job, JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions
+from arrayjob.report import html as report_html
+from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import cluster_shape, ray_cluster
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.session import Session

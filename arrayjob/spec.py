@@ -17,10 +17,11 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from arrayjob.errors import SpecError
 from arrayjob.io.locations import Location, StorageOptions, parse_uri
+from arrayjob.runtime.cluster import ClusterOptions
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -28,21 +29,25 @@ SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage", "planner"
 SECRET_WORDS = ("secret", "token", "password", "key_id", "access_key", "credential")
 
 
-@dataclass(frozen=True)
-class ClusterOptions:
-    """The ``[cluster]`` section: where Ray runs."""
+def _strategy(kind: str, default: str) -> Any:
+    """A ``[planner]`` key whose valid values are the strategies registered for ``kind``."""
 
-    address: str = field(default="local", metadata={"check": bool, "expect": "'local', 'auto' or a Ray address"})
-    num_cpus: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
+    def names() -> tuple[str, ...]:
+        from arrayjob.planner.pipeline import strategies
+
+        return strategies(kind)
+
+    return field(default=default, metadata={
+        "check": lambda v: v in names(), "expect": lambda: "one of " + ", ".join(repr(n) for n in names())})
 
 
 @dataclass(frozen=True)
 class PlannerOptions:
     """The ``[planner]`` section: which strategy each planner pass uses."""
 
-    tiling: Literal["greedy", "exact", "naive"] = "greedy"
-    fusion: Literal["cost", "all", "none"] = "cost"
-    placement: Literal["lshs", "roundrobin", "ray"] = "lshs"
+    tiling: str = _strategy("tiling", "greedy")
+    fusion: str = _strategy("fusion", "cost")
+    placement: str = _strategy("placement", "lshs")
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,8 @@ def table_to_dataclass(cls: type, table: Any, section: str) -> Any:
         value = _coerce(table[name], hints[name], key)
         check = f.metadata.get("check")
         if check is not None and value is not None and not check(value):
-            raise SpecError(f"{key}: expected {f.metadata.get('expect', 'a valid value')}, got {table[name]!r}")
+            expect = f.metadata.get("expect", "a valid value")
+            raise SpecError(f"{key}: expected {expect() if callable(expect) else expect}, got {table[name]!r}")
         values[name] = value
     return cls(**values)
 

@@ -21,7 +21,7 @@ from arrayjob import kernels
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.kernels import block as block_kernels
-from arrayjob.kernels import blockprogram
+from arrayjob.kernels import blockprogram, programs
 from arrayjob.planner import contraction, fusion, fusion_model
 from arrayjob.planner.physical import BlockKernel, Step
 from arrayjob.planner.pipeline import make_plan
@@ -510,7 +510,7 @@ def eager_compiler(monkeypatch):
         compiled.append(self)
 
     monkeypatch.setattr(blockprogram.Program, "__init__", record)
-    monkeypatch.setattr(block_kernels, "PROGRAMS", block_kernels.CompiledPrograms())
+    monkeypatch.setattr(programs, "PROGRAMS", programs.CompiledPrograms())
     return compiled
 
 
@@ -576,25 +576,25 @@ def test_rewritten_functions_are_stable_at_the_extremes(monkeypatch, fn, args):
 
 
 def test_a_block_kernel_is_plain_data_and_a_fresh_copy_reuses_its_compiled_program(monkeypatch):
-    monkeypatch.setattr(block_kernels, "PROGRAMS", block_kernels.CompiledPrograms())
+    monkeypatch.setattr(programs, "PROGRAMS", programs.CompiledPrograms())
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal(50_000), rng.standard_normal(50_000)
     steps = (Step("map", ("subtract",), (0, 1), "float64"), Step("map", ("exp",), (2,), "float64"),
              Step("map", ("logaddexp",), (3, 0), "float64"), Step("reduce", ("sum", (0,), False), (4,), "float64"))
     kernel = BlockKernel("k", 2, steps, (4, 5))
     first = kernels.run(kernel, x, y)
-    program = block_kernels.PROGRAMS.get(kernel, (x, y))
+    program = programs.PROGRAMS.get(kernel, (x, y))
     copy = pickle.loads(pickle.dumps(kernel))  # what a worker receives for every task
     assert copy == kernel and copy.__dict__ == kernel.__dict__
     # a fresh copy in the same process finds the program compiled for the first
-    assert block_kernels.PROGRAMS.get(copy, (x, y)) is program
+    assert programs.PROGRAMS.get(copy, (x, y)) is program
     for got, want in zip(kernels.run(copy, x, y), first, strict=True):
         np.testing.assert_array_equal(got, want)
     for got, want in zip(first, kernels.interpret(kernel, x, y), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
     # a constant is part of the key: another constant compiles another program
     other = BlockKernel("k", 2, (Step("const", (2.0,), (), "float64"),) + steps, (5, 6))
-    assert block_kernels.PROGRAMS.get(other, (x, y)) is not program
+    assert programs.PROGRAMS.get(other, (x, y)) is not program
 
 
 def test_steps_numexpr_cannot_do_stay_numpy(monkeypatch):

@@ -25,7 +25,7 @@ FIGURES = (
 
 def figures(report: dict[str, Any], *, table: bool) -> str:
     """The report's figures beside the estimate: a table for a terminal, else one per line."""
-    from arrayjob.io.report import lookup
+    from arrayjob.report.build import lookup
 
     estimate = report.get("estimate") or {}
     errors = report.get("estimate_error") or {}

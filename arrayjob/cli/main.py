@@ -29,10 +29,24 @@ def _planner_overrides(tiling: str | None, fusion: str | None, placement: str | 
     return [f"planner.{k}={json.dumps(v)}" for k, v in chosen.items() if v]
 
 
-tiling_option = click.option("--tiling", type=click.Choice(["greedy", "exact", "naive"]), help="Tiling strategy.")
-fusion_option = click.option("--fusion", type=click.Choice(["cost", "all", "none"]), help="Fusion strategy.")
-placement_option = click.option("--placement", type=click.Choice(["lshs", "roundrobin", "ray"]),
-                                help="Placement strategy.")
+class PlannerChoice(click.Choice):
+    """Choices the planner declares (a pass's registered strategies, the pass names), read
+    when first needed: printing ``--help`` does not import the planner."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind  # a strategy kind, or "pass"
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        from arrayjob.planner.pipeline import PASSES, strategies
+
+        return PASSES if self.kind == "pass" else strategies(self.kind)
+
+
+tiling_option = click.option("--tiling", type=PlannerChoice("tiling"), help="Tiling strategy.")
+fusion_option = click.option("--fusion", type=PlannerChoice("fusion"), help="Fusion strategy.")
+placement_option = click.option("--placement", type=PlannerChoice("placement"), help="Placement strategy.")
 
 instance_option = click.option("--instance-type", default="local", show_default=True,
                                help="Instance type from the price table.")
@@ -88,7 +102,7 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, as_json: bool, t
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
 @set_option
-@click.option("--stop-after", type=click.Choice(["tile", "fuse", "place", "cost"]), default="cost",
+@click.option("--stop-after", type=PlannerChoice("pass"), default="cost",
               show_default=True, help="Show the plan after this pass.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Simulated cluster nodes.")
 @click.option("--workers-per-node", type=click.IntRange(min=1), default=None,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from arrayjob.cli.format import size
 from arrayjob.costing.estimate import Estimate
+from arrayjob.units import size
 
 
 def _duration(seconds: float) -> str:

@@ -1,22 +1,18 @@
-"""Running the kernel bodies the planner describes, on in-memory blocks: no I/O.
+"""The NumPy primitives every kernel body is made of, on in-memory blocks: no I/O.
 
-A ``BlockKernel`` evaluates a fused subgraph of the IR on one block of each of its inputs
-and returns the blocks (or partial results) of the nodes it materialises. It arrives on a
-worker by pickling and is compiled there on first use (``blockprogram.Program``: numexpr
-expressions, row loops, row sub-blocking), once per argument shapes and dtypes;
-``interpret`` runs it one NumPy call per step (the reference the tests compare with).
+One IR step (``evaluate``), a block contraction as ``planner.contraction`` decides it,
+combining partial results and assembling a re-tiled block.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
 from arrayjob.planner import contraction
 from arrayjob.planner.ir import ELEMENTWISE
-from arrayjob.planner.physical import Assemble, BlockKernel, Combine, Step
+from arrayjob.planner.physical import Assemble, Combine, Step
 
 
 def add_partials(*partials: Any) -> Any:
@@ -105,58 +101,3 @@ def evaluate(step: Step, inputs: list[Any]) -> Any:
     if step.op == "transpose":
         return np.transpose(inputs[0], step.attrs[0])
     raise ValueError(f"unknown op {step.op!r}")
-
-
-Signature = tuple[tuple[tuple[int, ...], str], ...]
-
-
-class CompiledPrograms:
-    """The programs compiled in this process, by kernel structure and argument signature.
-
-    The key is the whole ``BlockKernel`` (its steps, constants included) and the shapes and
-    dtypes of the arguments: everything a compiled program depends on. A worker unpickles
-    a fresh copy of the kernel for every task and must not compile it again; the least
-    recently used kernels are dropped past ``capacity``.
-    """
-
-    def __init__(self, capacity: int = 256) -> None:
-        self.capacity = capacity
-        self._programs: OrderedDict[BlockKernel, dict[Signature, Any]] = OrderedDict()
-
-    def get(self, kernel: BlockKernel, args: tuple[Any, ...]) -> Any:
-        from arrayjob.kernels.blockprogram import Program
-
-        signature = tuple((tuple(np.shape(a)), str(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype))
-                          for a in args)
-        programs = self._programs.pop(kernel, None) or {}
-        self._programs[kernel] = programs
-        while len(self._programs) > self.capacity:
-            self._programs.popitem(last=False)
-        program = programs.get(signature)
-        if program is None:
-            program = programs[signature] = Program(kernel, args)
-        return program
-
-
-PROGRAMS = CompiledPrograms()  # this worker process's
-
-
-def run_block_kernel(kernel: BlockKernel, *args: Any) -> Any:
-    return _result(kernel, PROGRAMS.get(kernel, args)(args))
-
-
-def interpret(kernel: BlockKernel, *args: Any) -> Any:
-    """One NumPy call per step, every intermediate materialised (the reference)."""
-    from arrayjob.kernels.blockprogram import last_uses
-
-    slots: list[Any] = list(args)
-    done_after = last_uses([step.inputs for step in kernel.steps], keep={*kernel.outputs, *range(kernel.n_args)})
-    for step, done in zip(kernel.steps, done_after, strict=True):
-        slots.append(evaluate(step, [slots[i] for i in step.inputs]))
-        for slot in done:
-            slots[slot] = None
-    return _result(kernel, [slots[o] for o in kernel.outputs])
-
-
-def _result(kernel: BlockKernel, values: list[Any]) -> Any:
-    return values[0] if len(kernel.outputs) == 1 else tuple(values)

@@ -8,11 +8,18 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from arrayjob.errors import ClusterError
 from arrayjob.planner.plan import ClusterShape
-from arrayjob.spec import ClusterOptions
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """The ``[cluster]`` section: where Ray runs."""
+
+    address: str = field(default="local", metadata={"check": bool, "expect": "'local', 'auto' or a Ray address"})
+    num_cpus: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from arrayjob.io.report import lookup
+from arrayjob.report.build import lookup
 
 COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D")
 
