@@ -12,6 +12,7 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py pagerank-iteration # an iteration as the job runs it, r kept, one 2-thread task
     .venv/bin/python benchmarks/bench_micro.py store-pages [--preallocate]  # Ray's object store: fresh pages vs touched memory
     .venv/bin/python benchmarks/bench_micro.py s3-block       # one 256 MiB block through obstore and through s3fs
+    .venv/bin/python benchmarks/bench_micro.py s3-ops         # every other S3 request arrayjob makes, obstore vs s3fs (no data needed)
     .venv/bin/python benchmarks/bench_micro.py ray-returns    # Ray's cost per task, per returned slice, per hand-over
     .venv/bin/python benchmarks/bench_micro.py mttkrp-gemm    # the rank-32 GEMM's rate in every layout, 1 thread
     .venv/bin/python benchmarks/bench_micro.py logistic-exp   # libm vs inlined exp/log1p in the logistic row loop
@@ -25,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
@@ -451,13 +453,15 @@ def store_pages(args: argparse.Namespace) -> None:
 
 def s3_block(_: argparse.Namespace) -> None:
     """One 256 MiB block (16 chunks of 16 MiB) of a Zarr array on the loopback S3 server, read
-    in this process through obstore (as workers read blocks) and through s3fs."""
+    in this process through obstore (as arrayjob reads blocks) and through s3fs (zarr's
+    ``FsspecStore``, the stack arrayjob used before: kept here as the comparison)."""
     import zarr
     from bench_data import SIZES, write_s3_array
     from bench_limits import LoopbackS3
+    from zarr.storage import FsspecStore
 
+    from arrayjob.io.backend import backend_for
     from arrayjob.io.locations import StorageOptions, parse_uri
-    from arrayjob.io.storage import zarr_store
 
     s3 = LoopbackS3()
     try:
@@ -465,10 +469,73 @@ def s3_block(_: argparse.Namespace) -> None:
         uri = write_s3_array(SIZES["full"], s3.endpoint, "micro")
         options = StorageOptions(endpoint_url=s3.endpoint)
         rows = 256 * MiB // (64 * 8)
-        for name, for_blocks in (("obstore", True), ("s3fs", False)):
-            array = zarr.open_array(store=zarr_store(parse_uri(uri), options, read_only=True, for_blocks=for_blocks),
-                                    mode="r")
+        stores = {"obstore": backend_for(parse_uri(uri), options).block_store(),
+                  "s3fs": FsspecStore.from_url(uri, storage_options={"endpoint_url": s3.endpoint}, read_only=True)}
+        for name, store in stores.items():
+            array = zarr.open_array(store=store, mode="r")
             print(f"  {name:8s} {_ms(lambda array=array: array[:rows], 3)}")
+    finally:
+        s3.stop()
+
+
+def s3_ops(_: argparse.Namespace) -> None:
+    """The S3 requests arrayjob makes besides block reads, on the loopback S3 server, through
+    the obstore backend and through s3fs (the stack it used before): small PUT and GET (the
+    report, ``_SUCCESS``), a listing and a publish of 200 staged objects, a result group,
+    and one 64 MiB block of 4 MiB chunks written and read. Needs no generated data."""
+    import fsspec
+    import zarr
+    from bench_limits import LoopbackS3
+    from zarr.storage import FsspecStore
+
+    from arrayjob.io.backend import backend_for
+    from arrayjob.io.locations import StorageOptions, parse_uri
+
+    s3 = LoopbackS3()
+    try:
+        s3.create_bucket("micro")
+        options = StorageOptions(endpoint_url=s3.endpoint)
+        fs = fsspec.filesystem("s3", endpoint_url=s3.endpoint)
+        backend = backend_for(parse_uri("s3://micro"), options)
+        n = 200
+
+        def zarr_stores(name: str) -> dict[str, Any]:
+            return {"obstore": backend.child(f"ob-{name}").zarr_store(read_only=False),
+                    "s3fs": FsspecStore.from_url(f"s3://micro/fs-{name}", storage_options={"endpoint_url": s3.endpoint})}
+
+        def stage() -> None:
+            for j in range(n):
+                backend.write_bytes(f"stage/f{j:04d}", b"y" * 1000)
+
+        print(f"  small PUT        s3fs {_ms(lambda: fs.pipe_file('micro/x', b'x'), 20)}   "
+              f"obstore {_ms(lambda: backend.write_bytes('x', b'x'), 20)}")
+        print(f"  small GET        s3fs {_ms(lambda: fs.cat_file('micro/x'), 20)}   "
+              f"obstore {_ms(lambda: backend.read_bytes('x'), 20)}")
+        stage()
+        print(f"  list {n}         s3fs {_ms(lambda: (fs.invalidate_cache(), fs.find('micro/stage')))}   "
+              f"obstore {_ms(lambda: backend.list('stage'))}")
+        sources = [f"stage/f{j:04d}" for j in range(n)]
+        copies = timed(lambda: fs.copy([f"micro/{k}" for k in sources], [f"micro/fs-pub/{k}" for k in sources]), 3).median
+        moves = []
+        for _ in range(3):
+            stage()
+            start = time.perf_counter()
+            backend.move((k, f"ob-pub/{k}") for k in sources)
+            moves.append(time.perf_counter() - start)
+        print(f"  publish {n}      s3fs copies {copies:.2f} s   obstore copies and a batched delete {sorted(moves)[1]:.2f} s")
+        for name, store in zarr_stores("group").items():
+            def group(store: Any = store) -> None:
+                g = zarr.open_group(store=store, mode="w", zarr_format=3)
+                g.update_attributes({"fit": 0.0})
+                g.create_array("coef", data=np.ones(1000), chunks=(1000,))
+
+            print(f"  result group     {name:8s} {_ms(group)}")
+        data = np.ones((64 * MiB // (64 * 8), 64))
+        for name, store in zarr_stores("block").items():
+            array = zarr.create_array(store=store, shape=data.shape, chunks=(8192, 64), dtype="f8",
+                                      compressors=None, overwrite=True)
+            print(f"  64 MiB write     {name:8s} {_ms(lambda array=array: array.__setitem__(slice(None), data), 3)}")
+            print(f"  64 MiB read      {name:8s} {_ms(lambda array=array: array[:], 3)}")
     finally:
         s3.stop()
 
@@ -652,7 +719,7 @@ def logistic_exp(_: argparse.Namespace) -> None:
 COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-sizes": block_sizes,
             "peer-chunks": peer_chunks, "tsqr-block": tsqr_block, "kmeans-assign": kmeans_assign,
             "pagerank-build": pagerank_build, "pagerank-order": pagerank_order,
-            "pagerank-iteration": pagerank_iteration, "store-pages": store_pages, "s3-block": s3_block, "ray-returns": ray_returns,
+            "pagerank-iteration": pagerank_iteration, "store-pages": store_pages, "s3-block": s3_block, "s3-ops": s3_ops, "ray-returns": ray_returns,
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp}
 
 if __name__ == "__main__":

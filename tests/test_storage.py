@@ -81,11 +81,29 @@ class TestStorageBackend:
             write_group(out.staging.join("result.zarr"), options, {"a": np.full(2, value)}, {})
             out.write_json("report.json", {"value": value})
             out.commit()
-        fs = out._fs
-        assert json.loads(fs.cat(out.location.join("report.json").path)) == {"value": 2.0}
-        assert not fs.exists(out.location.join("_staging").path)
-        assert json.loads(fs.cat(out.location.join("_SUCCESS").path))["run_id"] == out.run_id
+        backend = out.backend
+        assert json.loads(backend.read_bytes("report.json")) == {"value": 2.0}
+        assert not backend.list("_staging")
+        assert json.loads(backend.read_bytes("_SUCCESS"))["run_id"] == out.run_id
 
+
+def test_objects_by_full_path_as_calibrate_uses_them(backend):
+    from arrayjob.io.storage import filesystem
+
+    base, options, _ = backend
+    root = parse_uri(base)
+    fs = filesystem(root.scheme, options)
+    small = root.join("probe").path
+    fs.pipe_file(small, b"x")
+    assert fs.cat_file(small) == b"x" and fs.exists(small)
+    fs.rm(small)
+    assert not fs.exists(small)
+    with pytest.raises(FileNotFoundError):
+        fs.rm(small)
+    fs.pipe_file(root.join("load/in/zarr.json").path, b"{}")
+    assert fs.exists(root.join("load").path)
+    fs.rm(root.join("load").path, recursive=True)
+    assert not fs.exists(root.join("load").path)
 
 def test_uri_forms(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -99,7 +117,8 @@ def test_uri_forms(tmp_path, monkeypatch):
 
 def test_unreachable_endpoint_is_one_line(tmp_path):
     options = StorageOptions(endpoint_url="http://127.0.0.1:9")
-    with pytest.raises(InputError, match=r"^inputs.X: cannot read s3://bucket/X.zarr: Could not connect"):
+    with pytest.raises(InputError, match=r"^inputs.X: cannot read s3://bucket/X.zarr: GET http://127.0.0.1:9/bucket/X.zarr/\S+: "
+                       r"HTTP error: error sending request \(after \d+ retries\)$"):
         open_array_info("X", parse_uri("s3://bucket/X.zarr"), options)
 
 
@@ -108,7 +127,7 @@ def test_block_reads_find_the_bucket_region_when_none_is_configured(s3_endpoint,
 
     import boto3
 
-    from arrayjob.io.storage import _bucket_region
+    from arrayjob.io._s3 import _bucket_region
 
     class Session:  # a boto3 session whose S3 client reaches the loopback server
         def client(self, service):

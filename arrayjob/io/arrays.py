@@ -16,24 +16,9 @@ import zarr
 import zarr.errors
 
 from arrayjob.errors import InputError, StorageError
+from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
 from arrayjob.io.storage import zarr_store
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text if len(text) < 200 else text[:197] + "..."
-
-
-def _is_storage_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is the storage failing (retryable), as opposed to bad content."""
-    import botocore.exceptions
-
-    if isinstance(exc, FileNotFoundError):
-        return False
-    return isinstance(
-        exc, (ConnectionError, TimeoutError, OSError, botocore.exceptions.BotoCoreError)
-    ) or type(exc).__module__.startswith(("aiohttp", "botocore", "obstore"))
 
 
 def open_array_info(name: str, location: Location, options: StorageOptions) -> ArrayInfo:
@@ -45,9 +30,9 @@ def open_array_info(name: str, location: Location, options: StorageOptions) -> A
     except zarr.errors.NodeTypeValidationError:
         raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line naming the array
-        if _is_storage_failure(exc):
-            raise InputError(f"inputs.{name}: cannot read {location}: {_describe(exc)}") from None
-        raise InputError(f"inputs.{name}: {location} is not a readable Zarr array: {_describe(exc)}") from None
+        if is_storage_failure(exc):
+            raise InputError(f"inputs.{name}: cannot read {location}: {describe_failure(exc)}") from None
+        raise InputError(f"inputs.{name}: {location} is not a readable Zarr array: {describe_failure(exc)}") from None
     chunks = array.shards or array.chunks
     return ArrayInfo(
         name=name,
@@ -64,14 +49,14 @@ def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, A
     try:
         return dict(zarr.open_group(store=zarr_store(location, options, read_only=True), mode="r").attrs)
     except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{location}: cannot read the group's attributes: {_describe(exc)}") from None
+        raise InputError(f"{location}: cannot read the group's attributes: {describe_failure(exc)}") from None
 
 
 @functools.lru_cache(maxsize=64)
 def _open_for_reading(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
     # Cached per worker process: a block read costs its chunk GETs, not a metadata GET too.
     counters = StorageCounters()
-    store = zarr_store(info.location, options, read_only=True, counters=counters, for_blocks=True)
+    store = backend_for(info.location, options).block_store(counters)
     return zarr.open_array(store=store, mode="r"), counters
 
 
@@ -86,9 +71,9 @@ def read_block(
     except Exception as exc:  # noqa: BLE001
         _open_for_reading.cache_clear()
         where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
-        if _is_storage_failure(exc):
-            raise StorageError(f"inputs.{info.name}: reading [{where}] of {info.uri} failed: {_describe(exc)}") from None
-        raise InputError(f"inputs.{info.name}: block [{where}] of {info.uri} is corrupt: {_describe(exc)}") from None
+        if is_storage_failure(exc):
+            raise StorageError(f"inputs.{info.name}: reading [{where}] of {info.uri} failed: {describe_failure(exc)}") from None
+        raise InputError(f"inputs.{info.name}: block [{where}] of {info.uri} is corrupt: {describe_failure(exc)}") from None
     used = StorageCounters(
         **{k: v - getattr(before, k) for k, v in counters.as_dict().items()}
     )
@@ -121,7 +106,7 @@ def write_block(target: ArrayInfo, options: StorageOptions, selection: tuple[tup
         array[tuple(slice(a, b) for a, b in selection)] = block
     except Exception as exc:  # noqa: BLE001
         _open_for_writing.cache_clear()
-        raise StorageError(f"output: writing a block of {target.uri} failed: {_describe(exc)}") from None
+        raise StorageError(f"output: writing a block of {target.uri} failed: {describe_failure(exc)}") from None
     return np.array([counters.bytes_written - before[0], counters.put_requests - before[1]], dtype=np.int64)
 
 
@@ -161,7 +146,7 @@ class ResultGroup:
                 self._created = True
             create_array(location, self.options, shape=shape, chunks=chunks, dtype=dtype, counters=self.counters)
         except Exception as exc:  # noqa: BLE001
-            raise StorageError(f"output: creating {location} failed: {_describe(exc)}") from None
+            raise StorageError(f"output: creating {location} failed: {describe_failure(exc)}") from None
         return ArrayInfo(name, location, tuple(shape), str(np.dtype(dtype)), tuple(chunks), 3)
 
 
@@ -181,7 +166,7 @@ def write_group(
             value = np.asarray(value)
             group.create_array(name, data=value, chunks=value.shape or None)
     except Exception as exc:  # noqa: BLE001
-        raise StorageError(f"output: writing {location} failed: {_describe(exc)}") from None
+        raise StorageError(f"output: writing {location} failed: {describe_failure(exc)}") from None
 
 
 def write_requests(driver_arrays: Mapping[str, tuple[tuple[int, ...], str]],

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -26,16 +25,6 @@ class StorageOptions:
     region: str | None = None
     anon: bool = False
     profile: str | None = None
-
-    def s3fs_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"anon": self.anon}
-        if self.endpoint_url:
-            kwargs["endpoint_url"] = self.endpoint_url
-        if self.profile:
-            kwargs["profile"] = self.profile
-        if self.region:
-            kwargs["client_kwargs"] = {"region_name": self.region}
-        return kwargs
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Nothing is published until it is complete.
 
 A run writes everything under ``<output>/_staging/<run_id>/``, then publishes: the staged
-files are moved into ``<output>/`` (a rename on local disk, server-side copies on S3) and
+files are moved into ``<output>/`` (``StorageBackend.move``: a rename on local disk,
+server-side copies on S3) and
 ``<output>/_SUCCESS``, a JSON manifest, is written last. A reader that sees ``_SUCCESS``
 sees a complete result; a run that dies before it leaves only a staging prefix, which
 the next run of the same output removes.
@@ -17,8 +18,8 @@ from typing import Any
 
 from arrayjob import __version__
 from arrayjob.errors import SpecError, StorageError
+from arrayjob.io.backend import backend_for
 from arrayjob.io.locations import Location, StorageCounters, StorageOptions
-from arrayjob.io.storage import filesystem
 
 SUCCESS = "_SUCCESS"
 STAGING = "_staging"
@@ -41,16 +42,14 @@ class JobOutput:
         self.run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
         self.staging = location.join(STAGING, self.run_id)
         self.counters = StorageCounters()
-        self._fs = filesystem(location.scheme, options)
+        self.backend = backend_for(location, options)
 
     def completed(self) -> Completed | None:
         """The manifest of a complete output here, or None."""
-        path = self.location.join(SUCCESS).path
         try:
-            if not self._fs.exists(path):
-                return None
-            with self._fs.open(path, "rb") as f:
-                return Completed(json.loads(f.read()))
+            return Completed(json.loads(self.backend.read_bytes(SUCCESS)))
+        except FileNotFoundError:
+            return None
         except (OSError, ValueError) as exc:
             raise StorageError(f"output.uri: cannot read {self.location}/{SUCCESS}: {exc}") from None
 
@@ -73,52 +72,42 @@ class JobOutput:
     def write_json(self, name: str, document: Any) -> None:
         """Write a JSON document into the staging area."""
         data = json.dumps(document, indent=2, sort_keys=False).encode() + b"\n"
-        self._put(self.staging.join(name), data)
+        self._put(f"{self._staged}/{name}", data)
 
     def write_text(self, name: str, text: str) -> None:
         """Write a text file (e.g. report.html) into the staging area."""
-        self._put(self.staging.join(name), text.encode())
+        self._put(f"{self._staged}/{name}", text.encode())
 
-    def _put(self, location: Location, data: bytes) -> None:
+    @property
+    def _staged(self) -> str:
+        return f"{STAGING}/{self.run_id}"
+
+    def _put(self, key: str, data: bytes) -> None:
         try:
-            self._fs.pipe_file(location.path, data)
+            self.backend.write_bytes(key, data)
         except OSError as exc:
-            raise StorageError(f"output: writing {location} failed: {exc}") from None
+            raise StorageError(f"output: writing {self.location.join(key)} failed: {exc}") from None
         self.counters.put_requests += 1
         self.counters.bytes_written += len(data)
 
     def commit(self) -> dict[str, Any]:
         """Publish the staged files and write ``_SUCCESS`` last; returns the manifest."""
-        fs = self._fs
+        backend = self.backend
         try:
-            staged = sorted(fs.find(self.staging.path, detail=True).items())
-            if fs.exists(self.location.join(SUCCESS).path):
-                fs.rm_file(self.location.join(SUCCESS).path)  # unpublish before replacing
-            relative = [p[len(self.staging.path) + 1 :] for p, _ in staged]
+            staged = backend.list(self._staged)
+            backend.delete(SUCCESS)  # unpublish before replacing
+            relative = {key[len(self._staged) + 1 :]: size for key, size in staged.items()}
             for top in {r.split("/", 1)[0] for r in relative}:
-                target = self.location.join(top).path
-                if fs.exists(target):
-                    fs.rm(target, recursive=True)
-            sources = [p for p, _ in staged]
-            targets = [self.location.join(r).path for r in relative]
-            if self.location.is_s3:
-                # Server-side copies, issued concurrently by s3fs; staging is deleted below.
-                fs.copy(sources, targets)
-                self.counters.put_requests += len(staged)
-            else:
-                for source, target in zip(sources, targets, strict=True):
-                    fs.mv(source, target)  # a rename
+                backend.delete(top)
+            self.counters.put_requests += backend.move((f"{self._staged}/{r}", r) for r in relative)
             manifest = {
                 "run_id": self.run_id,
                 "spec_sha256": self.spec_digest,
                 "arrayjob_version": __version__,
                 "committed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "files": [
-                    {"path": r, "bytes": int(info.get("size") or 0)}
-                    for r, (_, info) in zip(relative, staged, strict=True)
-                ],
+                "files": [{"path": r, "bytes": size} for r, size in relative.items()],
             }
-            self._put(self.location.join(SUCCESS), json.dumps(manifest, indent=2).encode() + b"\n")
+            self._put(SUCCESS, json.dumps(manifest, indent=2).encode() + b"\n")
             self.remove_staging()
         except OSError as exc:
             raise StorageError(f"output: publishing {self.location} failed: {exc}") from None
@@ -127,18 +116,12 @@ class JobOutput:
     def abandon(self) -> None:
         """After a failed run: remove this run's staging, and the output prefix if now empty."""
         try:
-            if self._fs.exists(self.staging.path):
-                self._fs.rm(self.staging.path, recursive=True)
-            if not self.location.is_s3 and not self._fs.find(self.location.path):
-                self._fs.rm(self.location.path, recursive=True)  # empty directories left behind
+            self.backend.delete(self._staged)
+            if not self.backend.list():
+                self.backend.delete()  # empty directories left behind on disk
         except OSError:
             pass  # best effort: nothing published, and the next run cleans staging
 
     def remove_staging(self) -> None:
         """Remove every staging prefix under the output (ours and those of dead runs)."""
-        path = self.location.join(STAGING).path
-        try:
-            if self._fs.exists(path):
-                self._fs.rm(path, recursive=True)
-        except FileNotFoundError:
-            pass
+        self.backend.delete(STAGING)

@@ -1,0 +1,70 @@
+"""Local disk: a directory is the bucket, keys are relative paths, a move is a rename."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+
+from zarr.abc.store import Store
+from zarr.storage import LocalStore
+
+from arrayjob.io.backend import StorageBackend
+
+
+class LocalBackend(StorageBackend):
+    """Files under a local directory (``location.path`` is absolute)."""
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.location.path, key) if key else self.location.path
+
+    def _zarr_store(self, *, read_only: bool) -> Store:
+        return LocalStore(self.location.path, read_only=read_only)
+
+    def exists(self, key: str = "") -> bool:
+        return os.path.isfile(self._path(key))
+
+    def read_bytes(self, key: str = "") -> bytes:
+        with open(self._path(key), "rb") as f:
+            return f.read()
+
+    def write_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if exclusive:
+            with open(path, "xb") as f:  # O_EXCL: of two creators, one gets FileExistsError
+                f.write(data)
+            return
+        # written beside the target, then renamed over it: readers never see a partial file
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    def list(self, prefix: str = "") -> dict[str, int]:
+        root = self._path(prefix)
+        found: dict[str, int] = {}
+        for directory, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(directory, name)
+                found[os.path.relpath(path, self.location.path).replace(os.sep, "/")] = os.path.getsize(path)
+        return dict(sorted(found.items()))
+
+    def move(self, moves: Iterable[tuple[str, str]]) -> int:
+        for source, target in moves:
+            path = self._path(target)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.replace(self._path(source), path)
+        return 0
+
+    def delete(self, prefix: str = "") -> None:
+        path = self._path(prefix)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)

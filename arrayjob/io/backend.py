@@ -1,0 +1,163 @@
+"""The storage interface: one ``StorageBackend`` per storage system, chosen by ``backend_for``.
+
+A backend is rooted at a ``Location`` (a directory or an S3 prefix). It opens Zarr stores
+there, each wrapped in a ``CountingStore`` so that bytes and requests are counted in the
+process that makes them, and moves whole objects by key: ``"report.json"``,
+``"_staging/<run>/result.zarr/zarr.json"``; the empty key is the location itself.
+
+Whole-object operations fail with ``OSError``: ``FileNotFoundError`` for a missing
+object, ``FileExistsError`` when an exclusive write finds one. The concrete backends are
+private modules (``io/_local.py``, ``io/_s3.py``)::
+
+    backend = backend_for(parse_uri("s3://bucket/out"), StorageOptions())
+    backend.write_bytes("_SUCCESS", b"{}", exclusive=True)
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.storage import WrapperStore
+
+from arrayjob.io.locations import Location, StorageCounters, StorageOptions
+
+# scheme -> "module:class"; a backend's storage library is imported only when it is used
+_BACKENDS = {"file": "arrayjob.io._local:LocalBackend", "s3": "arrayjob.io._s3:S3Backend"}
+
+
+class CountingStore(WrapperStore[Store]):
+    """A Zarr store that counts the GET and PUT requests and bytes of the store it wraps."""
+
+    def __init__(self, store: Store, counters: StorageCounters | None = None) -> None:
+        super().__init__(store)
+        self.counters = counters if counters is not None else StorageCounters()
+
+    def _with_store(self, store: Store) -> CountingStore:
+        return type(self)(store, self.counters)
+
+    async def get(
+        self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> Buffer | None:
+        value = await self._store.get(key, prototype, byte_range)
+        self.counters.get_requests += 1
+        if value is not None:
+            self.counters.bytes_read += len(value)
+        return value
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        key_ranges = list(key_ranges)
+        values = await self._store.get_partial_values(prototype, key_ranges)
+        self.counters.get_requests += len(key_ranges)
+        self.counters.bytes_read += sum(len(v) for v in values if v is not None)
+        return values
+
+    async def set(self, key: str, value: Buffer) -> None:
+        await self._store.set(key, value)
+        self.counters.put_requests += 1
+        self.counters.bytes_written += len(value)
+
+    async def exists(self, key: str) -> bool:
+        self.counters.get_requests += 1  # a HEAD request on S3
+        return await self._store.exists(key)
+
+
+class StorageBackend(ABC):
+    """Zarr stores and whole objects under one location of one storage system."""
+
+    def __init__(self, location: Location, options: StorageOptions) -> None:
+        self.location = location
+        self.options = options
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.location)!r})"
+
+    def child(self, *parts: str) -> StorageBackend:
+        """The same storage rooted at ``location.join(*parts)``."""
+        return type(self)(self.location.join(*parts), self.options)
+
+    # Zarr
+
+    def zarr_store(self, *, read_only: bool, counters: StorageCounters | None = None) -> CountingStore:
+        """The Zarr store (array or group) at this location, counting into ``counters``."""
+        return CountingStore(self._zarr_store(read_only=read_only), counters)
+
+    def block_store(self, counters: StorageCounters | None = None) -> CountingStore:
+        """A read-only store for a worker's chunk-aligned block reads (the load stage)."""
+        return self.zarr_store(read_only=True, counters=counters)
+
+    @abstractmethod
+    def _zarr_store(self, *, read_only: bool) -> Store: ...
+
+    # whole objects, by key under the location
+
+    @abstractmethod
+    def exists(self, key: str = "") -> bool:
+        """Whether the object ``key`` exists (a prefix with objects under it is not one)."""
+
+    @abstractmethod
+    def read_bytes(self, key: str = "") -> bytes:
+        """The content of the object ``key``; ``FileNotFoundError`` if there is none."""
+
+    @abstractmethod
+    def write_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
+        """Write the object ``key`` whole; a reader sees the old or the new content, never a part.
+
+        ``exclusive``: create only, atomically; ``FileExistsError`` if ``key`` exists (a
+        conditional PUT on S3), so that of two writers exactly one succeeds.
+        """
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> dict[str, int]:
+        """Every object under ``prefix/`` (recursively), by key relative to the location,
+        sorted, with its size in bytes. An object named ``prefix`` itself is not listed."""
+
+    @abstractmethod
+    def move(self, moves: Iterable[tuple[str, str]]) -> int:
+        """Move objects (source key, target key), replacing targets; returns the requests
+        it took (renames on a filesystem take none, server-side copies one PUT each)."""
+
+    @abstractmethod
+    def delete(self, prefix: str = "") -> None:
+        """Delete the object ``prefix`` and every object under ``prefix/``; nothing there is fine."""
+
+
+def backend_for(location: Location, options: StorageOptions) -> StorageBackend:
+    """The backend of ``location``'s storage system, rooted at ``location``."""
+    try:
+        module, _, name = _BACKENDS[location.scheme].partition(":")
+    except KeyError:
+        raise ValueError(f"no storage backend for scheme {location.scheme!r} (known: {', '.join(_BACKENDS)})") from None
+    backend: type[StorageBackend] = getattr(importlib.import_module(module), name)
+    return backend(location, options)
+
+
+def is_storage_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the storage failing (retryable), as opposed to missing or bad content."""
+    if isinstance(exc, FileNotFoundError):
+        return False
+    module: Any = type(exc).__module__
+    return isinstance(exc, (ConnectionError, TimeoutError, OSError)) or module.startswith(
+        ("aiohttp", "botocore", "obstore")
+    )
+
+
+# object_store's request failures: "Generic S3 error: Error performing GET <url> in 1.7s,
+# after 10 retries, max_retries: 10, retry_timeout: 180s  - HTTP error: error sending request"
+_REQUEST_FAILURE = re.compile(r"Error performing (\w+) (\S+) in [^,]*, after (\d+) retries.*? - (.+)$")
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One short line for ``exc``: its first line, a failed request as "GET <url>: <cause>"."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if match := _REQUEST_FAILURE.search(text):
+        method, url, retries, cause = match.groups()
+        text = f"{method} {url}: {cause.strip()} (after {retries} retries)"
+    return text if len(text) < 200 else text[:197] + "..."
