@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from arrayjob.io.locations import ArrayInfo, StorageOptions
-from arrayjob.planner.ir import ELEMENTWISE, REDUCTIONS, Graph, Node, infer_shape
+from arrayjob.planner import ops
+from arrayjob.planner.ir import Graph, Node, infer_shape
+from arrayjob.planner.ops import ELEMENTWISE, REDUCTIONS, Op, OpAttrs
 from arrayjob.planner.physical import Kernel, Work
 
 
@@ -34,8 +36,8 @@ class BlockArray:
     __slots__ = ("op", "inputs", "shape", "dtype", "attrs", "data")
     __array_priority__ = 100  # so ndarray + BlockArray defers to BlockArray
 
-    def __init__(self, op: str, inputs: tuple[BlockArray, ...], shape: tuple[int, ...], dtype: str,
-                 attrs: tuple[Any, ...] = (), data: np.ndarray | None = None) -> None:
+    def __init__(self, op: Op, inputs: tuple[BlockArray, ...], shape: tuple[int, ...], dtype: str,
+                 attrs: OpAttrs, data: np.ndarray | None = None) -> None:
         self.op, self.inputs, self.shape, self.dtype, self.attrs = op, inputs, tuple(shape), dtype, attrs
         self.data = data  # a from_numpy array's contents: bound at compute, never part of the graph
 
@@ -106,17 +108,17 @@ def from_zarr(info: ArrayInfo, check: Kernel | None = None) -> BlockArray:
     ``check(block)``, if given, runs where each block is read and returns None or what is
     wrong with the block (e.g. labels outside {0, 1}); a problem fails the job with exit 2.
     """
-    return BlockArray("source", (), info.shape, info.dtype, (info,) if check is None else (info, check))
+    return BlockArray(Op.SOURCE, (), info.shape, info.dtype, ops.Source(info, check))
 
 
 def cached(handle: str, shape: tuple[int, ...], dtype: str, block_shape: tuple[int, ...]) -> BlockArray:
     """Blocks an executor keeps under ``handle`` (made by ``Session.persist``)."""
-    return BlockArray("cached", (), shape, dtype, (handle, tuple(block_shape)))
+    return BlockArray(Op.CACHED, (), shape, dtype, ops.Cached(handle, tuple(block_shape)))
 
 
 def value(name: str, shape: tuple[int, ...], dtype: str = "float64") -> BlockArray:
     """A small driver array, bound by name at ``compute`` time (weights, centroids, ...)."""
-    return BlockArray("value", (), shape, str(np.dtype(dtype)), (name,))
+    return BlockArray(Op.VALUE, (), shape, str(np.dtype(dtype)), ops.Value(name))
 
 
 def from_numpy(array: np.ndarray, name: str | None = None) -> BlockArray:
@@ -128,7 +130,7 @@ def from_numpy(array: np.ndarray, name: str | None = None) -> BlockArray:
     array = np.ascontiguousarray(array)
     if name is None:
         name = "array-" + hashlib.sha1(array.tobytes() + str(array.dtype).encode()).hexdigest()[:12]
-    return BlockArray("value", (), array.shape, str(array.dtype), (name,), data=array)
+    return BlockArray(Op.VALUE, (), array.shape, str(array.dtype), ops.Value(name), data=array)
 
 
 def bound_values(outputs: Sequence[BlockArray]) -> dict[str, np.ndarray]:
@@ -142,14 +144,15 @@ def bound_values(outputs: Sequence[BlockArray]) -> dict[str, np.ndarray]:
             continue
         seen.add(id(x))
         if x.data is not None:
-            found[x.attrs[0]] = x.data
+            assert isinstance(x.attrs, ops.Value)
+            found[x.attrs.name] = x.data
         stack.extend(x.inputs)
     return found
 
 
 def const(x: float | int | bool) -> BlockArray:
     scalar = np.asarray(x)
-    return BlockArray("const", (), (), str(scalar.dtype), (scalar.item(),))
+    return BlockArray(Op.CONST, (), (), str(scalar.dtype), ops.Const(scalar.item()))
 
 
 def asarray(x: Any) -> BlockArray:
@@ -163,30 +166,31 @@ def asarray(x: Any) -> BlockArray:
 # elementwise -------------------------------------------------------------------------------
 
 
-def _result_dtype(fn: str, inputs: Sequence[BlockArray]) -> str:
-    if fn in ("greater", "less", "greater_equal", "less_equal", "equal", "not_equal"):
+def _result_dtype(fn: ops.Elementwise, inputs: Sequence[BlockArray]) -> str:
+    if fn.comparison:
         return "bool"
     # NumPy's rules: a Python scalar takes part by kind only (bool * 1.0 is float64,
     # float32 * 2.0 stays float32)
-    operands = [a.attrs[0] if a.op == "const" else np.empty((), dtype=a.dtype) for a in inputs]
-    if fn == "where":
+    operands = [a.attrs.value if isinstance(a.attrs, ops.Const) else np.empty((), dtype=a.dtype)
+                for a in inputs]
+    if fn.name == "where":
         operands = operands[1:]
-    if all(a.op == "const" for a in inputs):
+    if all(a.op is Op.CONST for a in inputs):
         operands.append(np.empty((), "float64"))
     dtype = np.result_type(*operands)
-    if dtype.kind in "biu" and fn not in ("add", "subtract", "multiply", "maximum", "minimum", "negative",
-                                         "abs", "square", "where"):
+    if dtype.kind in "biu" and not fn.keeps_integers:
         dtype = np.dtype("float64")
     return str(dtype)
 
 
-def _map(fn: str, *args: Any) -> BlockArray:
-    arity, _ = ELEMENTWISE[fn]
+def _map(name: str, *args: Any) -> BlockArray:
+    fn = ELEMENTWISE[name]
     inputs = tuple(asarray(a) for a in args)
-    if len(inputs) != arity:
-        raise TypeError(f"{fn} takes {arity} arguments, got {len(inputs)}")
-    shape = infer_shape("map", [a.shape for a in inputs], (fn,))
-    return BlockArray("map", inputs, shape, _result_dtype(fn, inputs), (fn,))
+    if len(inputs) != fn.arity:
+        raise TypeError(f"{name} takes {fn.arity} arguments, got {len(inputs)}")
+    attrs = ops.Map(name)
+    shape = infer_shape(Op.MAP, [a.shape for a in inputs], attrs)
+    return BlockArray(Op.MAP, inputs, shape, _result_dtype(fn, inputs), attrs)
 
 
 def _unary(fn: str):  # type: ignore[no-untyped-def]
@@ -232,13 +236,14 @@ def _axes(x: BlockArray, axis: int | Sequence[int] | None) -> tuple[int, ...]:
 
 
 def _reduce(fn: str, x: BlockArray, axis: int | Sequence[int] | None, keepdims: bool) -> BlockArray:
-    assert fn in REDUCTIONS
+    reduction = REDUCTIONS[fn]
     axes = _axes(x, axis)
-    if fn in ("argmax", "argmin") and len(axes) != 1:
+    if reduction.is_arg and len(axes) != 1:
         raise ValueError(f"{fn} needs exactly one axis")
-    shape = infer_shape("reduce", [x.shape], (fn, axes, keepdims))
-    dtype = "int64" if fn.startswith("arg") else (x.dtype if fn != "sum" or x.dtype != "bool" else "int64")
-    return BlockArray("reduce", (x,), shape, dtype, (fn, axes, keepdims))
+    attrs = ops.Reduce(fn, axes, keepdims)
+    shape = infer_shape(Op.REDUCE, [x.shape], attrs)
+    dtype = "int64" if reduction.is_arg else (x.dtype if fn != "sum" or x.dtype != "bool" else "int64")
+    return BlockArray(Op.REDUCE, (x,), shape, dtype, attrs)
 
 
 def sum(x: BlockArray, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> BlockArray:  # noqa: A001
@@ -256,7 +261,7 @@ def transpose(x: BlockArray, axes: Sequence[int] | None = None) -> BlockArray:
     perm = tuple(reversed(range(x.ndim))) if axes is None else tuple(a % x.ndim for a in axes)
     if perm == tuple(range(x.ndim)):
         return x
-    return BlockArray("transpose", (x,), tuple(x.shape[p] for p in perm), x.dtype, (perm,))
+    return BlockArray(Op.TRANSPOSE, (x,), tuple(x.shape[p] for p in perm), x.dtype, ops.Transpose(perm))
 
 
 def _result_type(*xs: BlockArray) -> str:
@@ -272,15 +277,16 @@ def einsum(subscripts: str, *operands: BlockArray) -> BlockArray:
     terms_list = terms.split(",")
     folded = []
     for term, x in zip(terms_list, operands, strict=True):
-        while x.op == "transpose":  # a view: relabel instead of moving data
-            perm = x.attrs[0]
+        while isinstance(x.attrs, ops.Transpose):  # a view: relabel instead of moving data
+            perm = x.attrs.perm
             term = "".join(term[perm.index(a)] for a in range(len(perm)))
             x = x.inputs[0]
         folded.append((term, x))
     subscripts = ",".join(t for t, _ in folded) + "->" + out
     inputs = tuple(x for _, x in folded)
-    shape = infer_shape("einsum", [x.shape for x in inputs], (subscripts,))
-    return BlockArray("einsum", inputs, shape, _result_type(*inputs), (subscripts,))
+    attrs = ops.Einsum(subscripts)
+    shape = infer_shape(Op.EINSUM, [x.shape for x in inputs], attrs)
+    return BlockArray(Op.EINSUM, inputs, shape, _result_type(*inputs), attrs)
 
 
 def matmul(a: BlockArray, b: BlockArray) -> BlockArray:
@@ -333,7 +339,7 @@ def map_blocks(kernel: Kernel, *arrays: BlockArray, outputs: Sequence[tuple[tupl
         if len(counts) != 1:
             raise ValueError(f"map_blocks {kernel.name}: inputs are not cut into the same number of blocks")
     return tuple(
-        BlockArray("blockwise", tuple(arrays), shape, str(np.dtype(dtype)), (kernel, i, rows, out_rows))
+        BlockArray(Op.BLOCKWISE, tuple(arrays), shape, str(np.dtype(dtype)), ops.Blockwise(kernel, i, rows, out_rows))
         for i, (shape, dtype, out_rows) in enumerate(outputs)
     )
 
@@ -345,7 +351,7 @@ def store(x: BlockArray, target: ArrayInfo, options: StorageOptions) -> BlockArr
     """
     if tuple(target.shape) != x.shape:
         raise ValueError(f"store: {target.uri} has shape {target.shape}, the array has {x.shape}")
-    return BlockArray("store", (x,), (2,), "int64", (target, options))
+    return BlockArray(Op.STORE, (x,), (2,), "int64", ops.Store(target, options))
 
 
 # capturing a graph -------------------------------------------------------------------------

@@ -76,4 +76,4 @@ def block_kernel(outputs: list[Any], values: dict[str, Any]) -> tuple[Any, list[
             slot[i] = len(leaves) + len(steps)
             steps.append(Step(node.op, node.attrs, tuple(slot[j] for j in node.inputs), node.dtype))
     kernel = BlockKernel("k", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
-    return kernel, [values[graph.nodes[i].attrs[0]] for i in leaves]
+    return kernel, [values[graph.nodes[i].attrs.name] for i in leaves]

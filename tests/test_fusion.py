@@ -23,6 +23,7 @@ from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.kernels import block as block_kernels
 from arrayjob.kernels import blockprogram, programs
 from arrayjob.planner import contraction, fusion, fusion_model
+from arrayjob.planner.ops import Const, Map, Op, Reduce
 from arrayjob.planner.physical import BlockKernel, Step
 from arrayjob.planner.pipeline import make_plan
 from arrayjob.planner.plan import ClusterShape, PlanOptions, Tiling
@@ -73,7 +74,7 @@ def _kernel_reading(plan, node):
 
 
 def _source_node(plan, name):
-    return next(i for i, n in enumerate(plan.graph.nodes) if n.op == "source" and n.attrs[0].name == name)
+    return next(i for i, n in enumerate(plan.graph.nodes) if n.op == "source" and n.attrs.array.name == name)
 
 
 # -- programs ----------------------------------------------------------------------------------
@@ -535,7 +536,7 @@ def test_random_programs_exercise_expressions_and_chunks(tmp_path, eager_compile
         prog = random_program(seed, zarr_source(tmp_path / str(seed)))
         Session(LocalExecutor(StorageOptions()), _options("all", "naive")).compute(prog.outputs, prog.values)
     assert sum(p.chunking is not None for p in eager_compiler) >= 5
-    assert sum(op.kind == "map" and "v" in op.attrs[0] for p in eager_compiler for op in p.ops) >= 10
+    assert sum(op.expression is not None and "v" in op.expression for p in eager_compiler for op in p.ops) >= 10
 
 
 def test_logistic_kernel_is_one_chunked_pass_with_expressions(logreg):
@@ -549,7 +550,7 @@ def test_logistic_kernel_is_one_chunked_pass_with_expressions(logreg):
     args = [arrays[getattr(a, "array", None) or a.name] for a in task.args]
     compiled = blockprogram.Program(kernel, args)
     assert compiled.chunking is not None and compiled.chunking.rows < n
-    expressions = [op.attrs[0] for op in compiled.ops if op.kind == "map" and "v" in op.attrs[0]]
+    expressions = [op.expression for op in compiled.ops if op.expression is not None and "v" in op.expression]
     assert any("(1/(1+exp(-" in text for text in expressions)  # sigmoid, rewritten for numexpr
     for got, want in zip(kernels.run(kernel, *args), kernels.interpret(kernel, *args), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-10)
@@ -564,12 +565,12 @@ def test_rewritten_functions_are_stable_at_the_extremes(monkeypatch, fn, args):
     monkeypatch.setattr(blockprogram, "MIN_EXPRESSION_SIZE", 1)
     # a two-step expression, so that numexpr (not a single NumPy call) evaluates the rewrite
     n = len(args)
-    steps = (Step("const", (1.0,), (), "float64"), Step("map", (fn,), tuple(range(n)), "float64"),
-             Step("map", ("multiply",), (n + 1, n), "float64"))
+    steps = (Step(Op.CONST, Const(1.0), (), "float64"), Step(Op.MAP, Map(fn), tuple(range(n)), "float64"),
+             Step(Op.MAP, Map("multiply"), (n + 1, n), "float64"))
     kernel = BlockKernel(fn, n, steps, (n + 2,))
     program = blockprogram.Program(kernel, args)
     assert [op.kind for op in program.ops if op.out == n + 2] == ["map"]
-    assert "exp(" in program.ops[-1].attrs[0]
+    assert "exp(" in program.ops[-1].expression
     with np.errstate(all="ignore"):
         want = kernels.interpret(kernel, *args)
     np.testing.assert_array_equal(kernels.run(kernel, *args), want)
@@ -579,8 +580,8 @@ def test_a_block_kernel_is_plain_data_and_a_fresh_copy_reuses_its_compiled_progr
     monkeypatch.setattr(programs, "PROGRAMS", programs.CompiledPrograms())
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal(50_000), rng.standard_normal(50_000)
-    steps = (Step("map", ("subtract",), (0, 1), "float64"), Step("map", ("exp",), (2,), "float64"),
-             Step("map", ("logaddexp",), (3, 0), "float64"), Step("reduce", ("sum", (0,), False), (4,), "float64"))
+    steps = (Step(Op.MAP, Map("subtract"), (0, 1), "float64"), Step(Op.MAP, Map("exp"), (2,), "float64"),
+             Step(Op.MAP, Map("logaddexp"), (3, 0), "float64"), Step(Op.REDUCE, Reduce("sum", (0,)), (4,), "float64"))
     kernel = BlockKernel("k", 2, steps, (4, 5))
     first = kernels.run(kernel, x, y)
     program = programs.PROGRAMS.get(kernel, (x, y))
@@ -593,7 +594,7 @@ def test_a_block_kernel_is_plain_data_and_a_fresh_copy_reuses_its_compiled_progr
     for got, want in zip(first, kernels.interpret(kernel, x, y), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
     # a constant is part of the key: another constant compiles another program
-    other = BlockKernel("k", 2, (Step("const", (2.0,), (), "float64"),) + steps, (5, 6))
+    other = BlockKernel("k", 2, (Step(Op.CONST, Const(2.0), (), "float64"),) + steps, (5, 6))
     assert programs.PROGRAMS.get(other, (x, y)) is not program
 
 
@@ -602,18 +603,18 @@ def test_steps_numexpr_cannot_do_stay_numpy(monkeypatch):
     x = np.linspace(-3, 3, 101)
     flags = x > 0
     steps = (
-        Step("map", ("erf",), (0,), "float64"),  # 2: not in numexpr
-        Step("map", ("multiply",), (2, 2), "float64"),  # 3
-        Step("map", ("exp",), (3,), "float64"),  # 4
-        Step("reduce", ("sum", (0,), False), (1,), "int64"),  # 5: sum of booleans
-        Step("map", ("multiply",), (1, 0), "float64"),  # 6: arithmetic on booleans: NumPy
-        Step("map", ("where",), (1, 4, 6), "float64"),  # 7: with 3 and 4, one expression
+        Step(Op.MAP, Map("erf"), (0,), "float64"),  # 2: not in numexpr
+        Step(Op.MAP, Map("multiply"), (2, 2), "float64"),  # 3
+        Step(Op.MAP, Map("exp"), (3,), "float64"),  # 4
+        Step(Op.REDUCE, Reduce("sum", (0,)), (1,), "int64"),  # 5: sum of booleans
+        Step(Op.MAP, Map("multiply"), (1, 0), "float64"),  # 6: arithmetic on booleans: NumPy
+        Step(Op.MAP, Map("where"), (1, 4, 6), "float64"),  # 7: with 3 and 4, one expression
     )
     kernel = BlockKernel("k", 2, steps, (5, 7))
     program = blockprogram.Program(kernel, [x, flags])
-    kinds = {op.out: (op.kind, op.attrs[0]) for op in program.ops}
-    assert kinds[2] == ("map", "erf") and kinds[6] == ("map", "multiply")
-    assert kinds[7] == ("map", "where(v1,exp((v2*v2)),v6)") and not {3, 4} & set(kinds)
+    kinds = {op.out: op.expression or op.attrs for op in program.ops}
+    assert kinds[2] == Map("erf") and kinds[6] == Map("multiply")
+    assert kinds[7] == "where(v1,exp((v2*v2)),v6)" and not {3, 4} & set(kinds)
     for got, want in zip(kernels.run(kernel, x, flags), kernels.interpret(kernel, x, flags), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-14)
 

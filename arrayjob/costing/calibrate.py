@@ -87,13 +87,14 @@ def contraction_rates(cols: int = 64) -> tuple[float, float]:
     with ``cols`` columns, through ``kernels.block.evaluate`` as a compiled kernel's loop runs them."""
     from arrayjob.kernels.block import evaluate
     from arrayjob.kernels.blockprogram import CHUNK_BYTES
+    from arrayjob.planner.ops import Einsum, Op
     from arrayjob.planner.physical import Step
 
     x = np.random.default_rng(4).standard_normal((8 * 2**20 // cols, cols))
     w = np.ones(cols)
     rows = CHUNK_BYTES // (8 * cols)
     chunks = [x[s: s + rows] for s in range(0, x.shape[0], rows)]
-    gemv, gram = Step("einsum", ("ij,j->i",), (0, 1), "float64"), Step("einsum", ("ij,ik->jk",), (0, 0), "float64")
+    gemv, gram = Step(Op.EINSUM, Einsum("ij,j->i"), (0, 1), "float64"), Step(Op.EINSUM, Einsum("ij,ik->jk"), (0, 0), "float64")
     memory = _per_second(x.nbytes, lambda: [evaluate(gemv, [c, w]) for c in chunks])
     flops = _per_second(2.0 * x.shape[0] * cols * cols, lambda: [evaluate(gram, [c, c]) for c in chunks])
     return memory, flops
@@ -104,15 +105,16 @@ def einsum_rate() -> float:
     of each mode (``ijk,jf,kf->if`` and the others) on a 16 MiB block of a tensor, as a
     kernel step runs it."""
     from arrayjob.kernels.block import evaluate
+    from arrayjob.planner.ops import Einsum, Op
     from arrayjob.planner.physical import Step
 
     rng = np.random.default_rng(5)
     i, j, k, f = 8, 512, 512, 16
     x, b, c = rng.standard_normal((i, j, k)), rng.standard_normal((j, f)), rng.standard_normal((k, f))
     a = rng.standard_normal((i, f))
-    modes = [(Step("einsum", ("ijk,jf,kf->if",), (0, 1, 2), "float64"), [x, b, c]),
-             (Step("einsum", ("ijk,if,kf->jf",), (0, 1, 2), "float64"), [x, a, c]),
-             (Step("einsum", ("ijk,if,jf->kf",), (0, 1, 2), "float64"), [x, a, b])]
+    modes = [(Step(Op.EINSUM, Einsum("ijk,jf,kf->if"), (0, 1, 2), "float64"), [x, b, c]),
+             (Step(Op.EINSUM, Einsum("ijk,if,kf->jf"), (0, 1, 2), "float64"), [x, a, c]),
+             (Step(Op.EINSUM, Einsum("ijk,if,jf->kf"), (0, 1, 2), "float64"), [x, a, b])]
     seconds = sum(_median_seconds(lambda s=s, v=v: evaluate(s, v)) for s, v in modes)
     return 3 * 2.0 * i * j * k * f / seconds
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from arrayjob.planner import contraction
-from arrayjob.planner.ir import ELEMENTWISE
+from arrayjob.planner.ops import ELEMENTWISE, REDUCTIONS, Const, Einsum, Map, Reduce, Transpose
 from arrayjob.planner.physical import Assemble, Combine, Step
 
 
@@ -84,20 +84,19 @@ def einsum(subscripts: str, *blocks: np.ndarray) -> np.ndarray:
 
 def evaluate(step: Step, inputs: list[Any]) -> Any:
     """One step on NumPy."""
-    if step.op == "const":
-        return np.asarray(step.attrs[0], dtype=step.dtype)
-    if step.op == "map":
-        _, fn = ELEMENTWISE[step.attrs[0]]
-        return np.asarray(fn(*inputs))
-    if step.op == "reduce":
-        fn, axes, keepdims = step.attrs
-        x = inputs[0]
-        if fn in ("argmax", "argmin"):
-            result = getattr(np, fn)(x, axis=axes[0])
-            return np.expand_dims(result, axes[0]) if keepdims else result
-        return np.asarray(getattr(np, fn)(x, axis=axes, keepdims=keepdims))
-    if step.op == "einsum":
-        return einsum(step.attrs[0], *inputs)
-    if step.op == "transpose":
-        return np.transpose(inputs[0], step.attrs[0])
-    raise ValueError(f"unknown op {step.op!r}")
+    attrs = step.attrs
+    if isinstance(attrs, Const):
+        return np.asarray(attrs.value, dtype=step.dtype)
+    if isinstance(attrs, Map):
+        return np.asarray(ELEMENTWISE[attrs.fn].numpy(*inputs))
+    if isinstance(attrs, Reduce):
+        reduction, x = REDUCTIONS[attrs.fn], inputs[0]
+        if reduction.is_arg:
+            result = reduction.numpy(x, axis=attrs.axes[0])
+            return np.expand_dims(result, attrs.axes[0]) if attrs.keepdims else result
+        return np.asarray(reduction.numpy(x, axis=attrs.axes, keepdims=attrs.keepdims))
+    if isinstance(attrs, Einsum):
+        return einsum(attrs.subscripts, *inputs)
+    if isinstance(attrs, Transpose):
+        return np.transpose(inputs[0], attrs.perm)
+    raise ValueError(f"op {step.op!r} is not a block kernel step")

@@ -45,7 +45,17 @@ import numpy as np
 
 from arrayjob.kernels import rowloop
 from arrayjob.kernels.rewrites import packed, rewrites
-from arrayjob.planner.ir import COMPARISONS, infer_shape, parse_einsum
+from arrayjob.planner.ir import infer_shape
+from arrayjob.planner.ops import (
+    ELEMENTWISE,
+    Einsum,
+    Map,
+    Op,
+    OpAttrs,
+    Reduce,
+    Transpose,
+    combine_of,
+)
 
 try:  # numexpr is a dependency; without it kernels run NumPy step by step
     from numexpr import set_num_threads
@@ -66,19 +76,8 @@ LOOP_MIN_BYTES = 64 * 2**20
 MIN_EXPRESSION_SIZE = 2048  # elements; below this a NumPy call is cheaper than numexpr's
 LOG2 = "0.6931471805599453"
 
-# numexpr templates: {i} is the i-th operand
-TEMPLATES = {
-    "negative": "(-{0})", "exp": "exp({0})", "log": "log({0})", "log1p": "log1p({0})",
-    "expm1": "expm1({0})", "sqrt": "sqrt({0})", "abs": "abs({0})", "square": "({0}**2)",
-    "tanh": "tanh({0})", "sin": "sin({0})", "cos": "cos({0})", "reciprocal": "(1/{0})",
-    "sigmoid": "(1/(1+exp(-{0})))",
-    "add": "({0}+{1})", "subtract": "({0}-{1})", "multiply": "({0}*{1})", "divide": "({0}/{1})",
-    "power": "({0}**{1})", "maximum": "maximum({0},{1})", "minimum": "minimum({0},{1})",
-    "logaddexp": f"where({{0}}=={{1}},{{0}}+{LOG2},maximum({{0}},{{1}})+log1p(exp(-abs({{0}}-{{1}}))))",
-    "greater": "({0}>{1})", "less": "({0}<{1})", "greater_equal": "({0}>={1})",
-    "less_equal": "({0}<={1})", "equal": "({0}=={1})", "not_equal": "({0}!={1})",
-    "where": "where({0},{1},{2})",
-}
+# numexpr renderings from the op table (``ops.Elementwise.numexpr``): {i} is the i-th operand
+TEMPLATES = {name: fn.numexpr for name, fn in ELEMENTWISE.items() if fn.numexpr is not None}
 USES = {fn: tuple(t.count(f"{{{i}}}") for i in range(3)) for fn, t in TEMPLATES.items()}
 NUMPY_IS_AS_FAST = set(TEMPLATES) - {"sigmoid"}  # for a single operation
 NE_TYPES = {"bool": bool, "int32": np.int32, "int64": np.int64, "float64": np.float64}
@@ -90,9 +89,10 @@ class _Op:
 
     out: int
     inputs: tuple[int, ...]  # slots read
-    kind: str  # "map" for expressions, else the step's op
-    attrs: tuple[Any, ...]
+    kind: Op | str  # Op.MAP for expressions, else the step's op; "part" for a slice of a packed result
+    attrs: OpAttrs | None  # the step's (None for an expression or a part)
     run: Callable[[list[Any]], Any]
+    expression: str | None = None  # the numexpr expression, over leaf slots ``v<slot>``
 
 
 class Program:
@@ -107,7 +107,7 @@ class Program:
         dtypes: list[str] = [str(np.asarray(a).dtype) if not hasattr(a, "dtype") else str(a.dtype) for a in args]
         for step in kernel.steps:
             ins = [shapes[i] for i in step.inputs]
-            shapes.append(() if step.op == "const" else infer_shape(step.op, ins, step.attrs))
+            shapes.append(() if step.op is Op.CONST else infer_shape(step.op, ins, step.attrs))
             dtypes.append(step.dtype)
         self.shapes, self.dtypes = shapes, dtypes
         largest = max((math.prod(shapes[s]) * np.dtype(dtypes[s]).itemsize for s in range(n_args)), default=0)
@@ -125,20 +125,19 @@ class Program:
     # -- expressions ---------------------------------------------------------------------
     def _expressible(self, i: int) -> bool:
         step = self.kernel.steps[i]
-        if NumExpr is None or step.op != "map" or step.attrs[0] not in TEMPLATES:
+        if NumExpr is None or not isinstance(step.attrs, Map) or step.attrs.fn not in TEMPLATES:
             return False
         slot = self.kernel.n_args + i
         if math.prod(self.shapes[slot]) < MIN_EXPRESSION_SIZE:
             return False
-        fn = step.attrs[0]
         ins = [self.dtypes[s] for s in step.inputs]
         if any(d not in NE_TYPES for d in ins):
             return False
-        if fn in COMPARISONS:
+        if ELEMENTWISE[step.attrs.fn].comparison:
             return step.dtype == "bool" and ("bool" not in ins or set(ins) == {"bool"})
         if step.dtype != "float64":
             return False
-        if fn == "where":
+        if step.attrs.fn == "where":
             return ins[0] == "bool" and "bool" not in ins[1:]
         return "bool" not in ins
 
@@ -158,7 +157,7 @@ class Program:
         consumers: dict[int, list[int]] = defaultdict(list)
         for i, step in enumerate(steps):
             for p, s in enumerate(step.inputs):
-                uses[s] += USES[step.attrs[0]][p] if ok[i] else 1
+                uses[s] += USES[step.attrs.fn][p] if ok[i] else 1
                 consumers[s].append(i)
         outputs = set(kernel.outputs)
 
@@ -168,7 +167,7 @@ class Program:
                     and all(ok[c] and self.shapes[n + c] == self.shapes[slot] for c in consumers[slot]))
 
         def const(slot: int) -> bool:
-            return slot >= n and steps[slot - n].op == "const"
+            return slot >= n and steps[slot - n].op is Op.CONST
 
         ops: list[_Op] = []
         rejected: list[int] = []
@@ -180,21 +179,21 @@ class Program:
                 at, pack = packs[i]
                 if at not in emitted:  # the packed loop runs once, before its first part
                     emitted.add(at)
-                    ops.append(_Op(at, pack.inputs, "einsum", (pack.subscripts,), pack.run))
-                ops.append(_Op(slot, (at,), "part", (), lambda vals, at=at, part=pack.parts[i]: part(vals[at])))
+                    ops.append(_Op(at, pack.inputs, Op.EINSUM, Einsum(pack.subscripts), pack.run))
+                ops.append(_Op(slot, (at,), "part", None, lambda vals, at=at, part=pack.parts[i]: part(vals[at])))
                 continue
             if i in self.rewrites:
                 rewrite = self.rewrites[i]
-                ops.append(_Op(slot, rewrite.inputs, "einsum", (rewrite.subscripts,), rewrite.run))
+                ops.append(_Op(slot, rewrite.inputs, Op.EINSUM, Einsum(rewrite.subscripts), rewrite.run))
                 continue
             if ok[i] and inlined(slot):
                 continue
             if ok[i]:
                 single = not any(inlined(s) for s in step.inputs)
                 leaves: list[int] = []
-                text = TEMPLATES[step.attrs[0]].format(
+                text = TEMPLATES[step.attrs.fn].format(
                     *[self._render(s, inlined, const, leaves) for s in step.inputs])
-                op = None if single and step.attrs[0] in NUMPY_IS_AS_FAST else self._expression(slot, text, leaves)
+                op = None if single and step.attrs.fn in NUMPY_IS_AS_FAST else self._expression(slot, text, leaves)
                 if op is None:
                     rejected.append(i)
                 else:
@@ -209,12 +208,12 @@ class Program:
         if slot >= n:
             step = self.kernel.steps[slot - n]
             if const(slot):
-                value = step.attrs[0]
+                value = step.attrs.value
                 if isinstance(value, bool | int | float) and math.isfinite(value):
                     return repr(float(value)) if isinstance(value, float) else repr(value)
             elif inlined(slot):
                 operands = [self._render(s, inlined, const, leaves) for s in step.inputs]
-                return TEMPLATES[step.attrs[0]].format(*operands)
+                return TEMPLATES[step.attrs.fn].format(*operands)
         if slot not in leaves:
             leaves.append(slot)
         return f"v{slot}"
@@ -233,7 +232,7 @@ class Program:
         def run(vals: list[Any]) -> Any:
             return compiled(*[vals[s] for s in leaf_slots])
 
-        return _Op(slot, leaf_slots, "map", (text,), run)
+        return _Op(slot, leaf_slots, Op.MAP, None, run, expression=text)
 
     # -- running -------------------------------------------------------------------------
     def __call__(self, args: Sequence[Any]) -> list[Any]:
@@ -285,7 +284,7 @@ def _numpy_op(slot: int, step: Any, evaluate: Callable[[Any, list[Any]], Any]) -
 # -- row sub-blocking ---------------------------------------------------------------------------
 
 PRE, LOOP, ACC, POST = "pre", "loop", "acc", "post"
-ACCUMULATE = {"sum": np.add, "einsum": np.add, "max": np.maximum, "min": np.minimum}
+ACCUMULATE = {"sum": np.add, "max": np.maximum, "min": np.minimum}  # by ops.combine_of
 
 
 class _Conflict(Exception):
@@ -394,14 +393,14 @@ def _row_axes(program: Program, carrier: int) -> dict[int, int]:
 
     for op in program.ops:
         out = shapes[op.out]
-        if op.kind == "map":
+        if op.kind is Op.MAP:
             for s in op.inputs:
                 offset = len(out) - len(shapes[s])
                 for a, size in enumerate(shapes[s]):
                     if size == out[a + offset] and size != 1:
                         union((s, a), (op.out, a + offset))
-        elif op.kind == "einsum":
-            terms, result = parse_einsum(op.attrs[0])
+        elif isinstance(op.attrs, Einsum):
+            terms, result = op.attrs.terms
             where = {label: (op.out, a) for a, label in enumerate(result)}
             for term, s in zip(terms, op.inputs, strict=True):
                 for a, label in enumerate(term):
@@ -409,13 +408,12 @@ def _row_axes(program: Program, carrier: int) -> dict[int, int]:
                         union((s, a), where[label])
                     else:
                         where[label] = (s, a)
-        elif op.kind == "reduce":
-            _, axes, keepdims = op.attrs
-            kept = [a for a in range(len(shapes[op.inputs[0]])) if a not in axes]
+        elif isinstance(op.attrs, Reduce):
+            kept = [a for a in range(len(shapes[op.inputs[0]])) if a not in op.attrs.axes]
             for k, a in enumerate(kept):
-                union((op.inputs[0], a), (op.out, a if keepdims else k))
-        elif op.kind == "transpose":
-            for k, a in enumerate(op.attrs[0]):
+                union((op.inputs[0], a), (op.out, a if op.attrs.keepdims else k))
+        elif isinstance(op.attrs, Transpose):
+            for k, a in enumerate(op.attrs.perm):
                 union((op.inputs[0], a), (op.out, k))
     rows = find((carrier, 0))
     found: dict[int, int] = {}
@@ -440,7 +438,7 @@ def _roles(program: Program, carrier: int) -> tuple[dict[int, str], dict[int, in
                 raise _Conflict  # a chunk would need a finished reduction
             role[op.out] = LOOP
         elif LOOP in kinds:  # the op sums the rows away
-            fn = "einsum" if op.kind == "einsum" else op.attrs[0] if op.kind == "reduce" else None
+            fn = combine_of(op.kind, op.attrs) if isinstance(op.kind, Op) and op.attrs is not None else None
             if fn not in ACCUMULATE or kinds & {ACC, POST}:
                 raise _Conflict
             role[op.out], combine[op.out] = ACC, fn

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from arrayjob.planner.ops import Const, Einsum, Map, Reduce
+
 SHORT_ROW = 64  # arg-reductions over at most this many columns run as loops
 
 
@@ -75,32 +77,32 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
                if (pair := _one_hot(kernel, n_args + i, shapes, dtypes)) is not None}
     for i, step in enumerate(steps):
         slot = n_args + i
-        if step.op == "reduce" and step.attrs[0] in ("argmin", "argmax") and len(shapes[step.inputs[0]]) == 2 \
-                and tuple(step.attrs[1]) == (1,) and step.attrs[2] and dtypes[step.inputs[0]] == "float64" \
+        attrs = step.attrs
+        if attrs in (Reduce("argmin", (1,), True), Reduce("argmax", (1,), True)) \
+                and len(shapes[step.inputs[0]]) == 2 and dtypes[step.inputs[0]] == "float64" \
                 and shapes[step.inputs[0]][1] <= SHORT_ROW:
             source = step.inputs[0]
-            nearest = _nearest(kernel, source, shapes, dtypes) if step.attrs[0] == "argmin" else None
+            nearest = _nearest(kernel, source, shapes, dtypes) if attrs.fn == "argmin" else None
             if nearest is not None:
                 (x, c, a), scale = nearest
                 found[i] = Rewrite((x, c, a), "rm,cm,c->rz", lambda vals, x=x, c=c, a=a, s=scale: loops.nearest_rows(
                     np.ascontiguousarray(vals[x]), np.ascontiguousarray(vals[c]), np.ascontiguousarray(vals[a]), s),
                     "nearest_rows", scale)
                 continue
-            loop = loops.argmin_rows if step.attrs[0] == "argmin" else loops.argmax_rows
+            loop = loops.argmin_rows if attrs.fn == "argmin" else loops.argmax_rows
             found[i] = Rewrite((source,), "rk->rz", lambda vals, s=source, f=loop: f(np.ascontiguousarray(vals[s])))
             continue
         if dtypes[slot] != "float64":
             continue
-        if step.op == "reduce" and step.attrs[0] == "sum" and tuple(step.attrs[1]) == (0,) and not step.attrs[2] \
-                and step.inputs[0] in onehots:
+        if attrs == Reduce("sum", (0,), False) and step.inputs[0] in onehots:
             labels, ids = onehots[step.inputs[0]]
             found[i] = Rewrite((labels, ids), "rz,c->c", _call(loops.count, labels, ids), "count")
-        elif step.op == "einsum" and len(step.inputs) == 2 and step.inputs[0] in onehots:
+        elif isinstance(attrs, Einsum) and len(step.inputs) == 2 and step.inputs[0] in onehots:
             labels, ids = onehots[step.inputs[0]]
             other = step.inputs[1]
             if len(shapes[other]) != 2 or dtypes[other] != "float64":
                 continue
-            terms, out = step.attrs[0].split("->")
+            terms, out = attrs.subscripts.split("->")
             (r, c), (a, b) = terms.split(",")
             if r == a and b not in (r, c) and out == c + b:  # Eᵀ @ X: rows summed per group
                 found[i] = Rewrite((labels, ids, other), "rz,c,rm->cm", _call(loops.group_sum, labels, ids, other),
@@ -145,13 +147,13 @@ def _one_hot(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: 
     """(labels slot, ids slot) when ``slot`` is ``(labels == ids) * 1`` with labels (n, 1), ids (k,)."""
     n_args = kernel.n_args
     step = kernel.steps[slot - n_args]
-    if step.op != "map" or step.attrs[0] != "multiply" or dtypes[slot] != "float64" or len(shapes[slot]) != 2:
+    if step.attrs != Map("multiply") or dtypes[slot] != "float64" or len(shapes[slot]) != 2:
         return None
     for mask, one in (step.inputs, step.inputs[::-1]):
         if one < n_args or mask < n_args:
             continue
         const, equal = kernel.steps[one - n_args], kernel.steps[mask - n_args]
-        if const.op != "const" or const.attrs[0] != 1 or equal.op != "map" or equal.attrs[0] != "equal":
+        if const.attrs != Const(1) or equal.attrs != Map("equal"):
             continue
         labels, ids = equal.inputs
         if len(shapes[labels]) == 2 and shapes[labels][1] == 1 and dtypes[labels].startswith("int") \
@@ -171,21 +173,21 @@ def _nearest(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: 
         return kernel.steps[s - n_args] if s >= n_args else None
 
     sub = step(slot)
-    if sub is None or sub.op != "map" or sub.attrs[0] != "subtract":
+    if sub is None or sub.attrs != Map("subtract"):
         return None
     a, scaled = sub.inputs
     mul = step(scaled)
-    if mul is None or mul.op != "map" or mul.attrs[0] != "multiply":
+    if mul is None or mul.attrs != Map("multiply"):
         return None
     for const, product in (mul.inputs, mul.inputs[::-1]):
         k_step, p_step = step(const), step(product)
-        if k_step is None or k_step.op != "const" or p_step is None or p_step.op != "einsum" \
-                or p_step.attrs[0] != "ij,kj->ik" or len(p_step.inputs) != 2:
+        if k_step is None or not isinstance(k_step.attrs, Const) or p_step is None \
+                or p_step.attrs != Einsum("ij,kj->ik") or len(p_step.inputs) != 2:
             continue
         x, c = p_step.inputs
         if len(shapes[x]) == 2 and len(shapes[c]) == 2 and shapes[x][1] == shapes[c][1] \
                 and shapes[a] == (shapes[c][0],) and all(dtypes[s] == "float64" for s in (x, c, a)):
-            return (x, c, a), float(k_step.attrs[0])
+            return (x, c, a), float(k_step.attrs.value)
     return None
 
 

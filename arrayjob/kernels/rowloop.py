@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from arrayjob.planner.ir import COMPARISONS, ELEMENTWISE, parse_einsum
+from arrayjob.planner.ops import COMPARISONS, ELEMENTWISE, Einsum, Map, Reduce
 
 
 def _load(name: str) -> ast.Name:
@@ -222,9 +222,9 @@ class _RowLoop:
             self.role[slot] = POST
             self.steps_post.append(slot)
             return
-        op, target = step.op, f"t{slot}"
-        if op == "map":
-            fn = step.attrs[0]
+        attrs, target = step.attrs, f"t{slot}"
+        if isinstance(attrs, Map):
+            fn = attrs.fn
             if fn not in SCALAR or MATRIX in roles or not self._per_row(slot):
                 raise _Unfit
             if any(r == PRE and not self._scalar_pre(s) for s, r in zip(step.inputs, roles, strict=True)):
@@ -236,8 +236,8 @@ class _RowLoop:
                 raise _Unfit  # arithmetic on booleans: NumPy's types, not ours
             self.role[slot] = ROW
             self.body.append(_assign(target, SCALAR[fn](*(self._value(s) for s in step.inputs))))
-        elif op == "einsum" and len(step.inputs) == 2:
-            terms, out = parse_einsum(step.attrs[0])
+        elif isinstance(attrs, Einsum) and len(step.inputs) == 2:
+            terms, out = attrs.terms
             (ra, rb), (sa, sb) = roles, step.inputs
             if rb == MATRIX:
                 (ra, rb), (sa, sb), terms = (rb, ra), (sb, sa), terms[::-1]
@@ -256,7 +256,7 @@ class _RowLoop:
                 self.body.append(_over_columns(_add_to(t_c, ast.BinOp(_x_ic(), ast.Mult(), self._value(sb)))))
             else:
                 raise _Unfit
-        elif op == "reduce" and step.attrs[0] == "sum" and roles == [ROW] and step.dtype == FLOAT:
+        elif isinstance(attrs, Reduce) and attrs.fn == "sum" and roles == [ROW] and step.dtype == FLOAT:
             source = step.inputs[0]
             if self.shapes[slot] == ():
                 self.role[slot] = ACC
@@ -348,7 +348,7 @@ def _elementwise(stmt: ast.stmt, op: str) -> tuple[ast.expr, list[ast.expr]] | N
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Call)):
         return None
     args = stmt.value.args
-    if len(args) != ELEMENTWISE[op][0] or ast.dump(stmt.value) != ast.dump(SCALAR[op](*args)):
+    if len(args) != ELEMENTWISE[op].arity or ast.dump(stmt.value) != ast.dump(SCALAR[op](*args)):
         return None
     return stmt.targets[0], args
 

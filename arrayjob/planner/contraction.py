@@ -10,7 +10,7 @@ import functools
 import math
 from typing import Any
 
-from arrayjob.planner.ir import parse_einsum
+from arrayjob.planner.ops import parse_einsum
 
 # A contraction of three or more blocks whose first product is bigger than this runs in
 # pieces along the big block's first axis, so each piece's product is still in cache when

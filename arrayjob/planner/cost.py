@@ -33,6 +33,8 @@ from typing import NamedTuple
 import numpy as np
 
 from arrayjob.planner.contraction import pairwise
+from arrayjob.planner.ir import infer_shape
+from arrayjob.planner.ops import ELEMENTWISE, Einsum, Map, Op, Reduce
 from arrayjob.planner.physical import (
     Arg,
     BlockKernel,
@@ -290,8 +292,6 @@ WORK_KINDS = {
     "sparse_product_large": "nonzeros through a SciPy CSR product gathering from a vector too big for the cache",
     "result_bytes": "bytes of task results big enough for Ray's object store (fresh memory, page faults)",
 }
-TRANSCENDENTAL = {"exp": 1, "log": 1, "log1p": 1, "expm1": 1, "tanh": 1, "sigmoid": 1, "erf": 1,
-                  "logaddexp": 2, "power": 1, "sin": 1, "cos": 1}
 # Below this many flops per operand byte a two-operand contraction streams its operands
 # (matrix × vector, 0.25 flop/byte); above it BLAS is compute-bound (XᵀX with 64 columns: 16).
 MEMORY_BOUND_FLOPS_PER_BYTE = 1.0
@@ -339,20 +339,20 @@ def kernel_work(kernel: object, in_shapes: list[tuple[int, ...]]) -> Counter[str
     shapes: list[tuple[int, ...]] = list(in_shapes)
     for step in kernel.steps:
         ins = [shapes[i] for i in step.inputs]
-        if step.op == "const":
+        attrs = step.attrs
+        if step.op is Op.CONST:
             shape: tuple[int, ...] = ()
-        elif step.op == "map":
+        elif isinstance(attrs, Map):
             shape = tuple(np.broadcast_shapes(*ins))
-            calls = TRANSCENDENTAL.get(step.attrs[0], 0)
+            calls = ELEMENTWISE[attrs.fn].calls
             work["transcendental" if calls else "elementwise"] += math.prod(shape) * max(1, calls)
-        elif step.op == "reduce":
-            _, axes, keepdims = step.attrs
+        elif isinstance(attrs, Reduce):
             work["elementwise"] += math.prod(ins[0])
-            shape = tuple(1 if a in axes else s for a, s in enumerate(ins[0]) if keepdims or a not in axes)
-        elif step.op == "einsum":
-            shape = _einsum_work(step.attrs[0], ins, work)
+            shape = infer_shape(step.op, ins, attrs)
+        elif isinstance(attrs, Einsum):
+            shape = _einsum_work(attrs.subscripts, ins, work)
         else:  # transpose: a view
-            shape = tuple(ins[0][p] for p in step.attrs[0])
+            shape = infer_shape(step.op, ins, attrs)
         shapes.append(shape)
     return work
 

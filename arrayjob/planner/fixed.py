@@ -8,6 +8,7 @@ cut the same way, so their blocks are read as they are needed.
 from __future__ import annotations
 
 from arrayjob.planner.ir import Graph
+from arrayjob.planner.ops import Blockwise, Cached, Op
 from arrayjob.planner.plan import Tiling
 
 
@@ -17,9 +18,9 @@ def fixed_blocking(graph: Graph) -> tuple[dict[int, Tiling], dict[int, int]]:
     lengths: dict[int, int] = {}
     classes = graph.axis_classes
     for i, node in enumerate(graph.nodes):
-        if node.op != "blockwise":
+        if not isinstance(node.attrs, Blockwise):
             continue
-        _, _, in_rows, out_rows = node.attrs
+        in_rows, out_rows = node.attrs.in_rows, node.attrs.out_rows
         if out_rows:
             tilings[i] = Tiling((0,))
             lengths.setdefault(classes.of_axis(i, 0), out_rows)
@@ -27,14 +28,14 @@ def fixed_blocking(graph: Graph) -> tuple[dict[int, Tiling], dict[int, int]]:
             tilings[i] = Tiling()
         for j, u in enumerate(node.inputs):
             rows = in_rows[j] if in_rows else None
-            if rows and graph.nodes[u].op == "source":
+            if rows and graph.nodes[u].op is Op.SOURCE:
                 tilings[u] = Tiling((0,))
                 lengths.setdefault(classes.of_axis(u, 0), rows)
     for i, node in enumerate(graph.nodes):
-        if node.op == "store":
+        if node.op is Op.STORE:
             tilings[i] = Tiling()
-        elif node.op == "cached":  # kept blocks are used as they are
-            block = node.attrs[1]
+        elif isinstance(node.attrs, Cached):  # kept blocks are used as they are
+            block = node.attrs.block_shape
             tilings[i] = Tiling(tuple(a for a, (b, s) in enumerate(zip(block, node.shape, strict=True)) if b < s))
             for a in tilings[i].axes:
                 lengths.setdefault(classes.of_axis(i, a), block[a])

@@ -38,6 +38,7 @@ import heapq
 from collections.abc import Callable, Iterable
 
 from arrayjob.planner.fusion_model import Fuser, Group
+from arrayjob.planner.ops import Op
 from arrayjob.planner.plan import FusedKernel, Plan
 from arrayjob.planner.registry import register
 
@@ -153,7 +154,7 @@ def _greedy(fuser: Fuser, accept: Accept) -> list[tuple[int, ...]]:
     that read the same array (largest first), until no merge is accepted."""
     g = fuser.graph
     part = _Partition(fuser)
-    shared = sorted((u for u in range(len(g)) if len(g.consumers[u]) > 1 and g.nodes[u].op != "const"),
+    shared = sorted((u for u in range(len(g)) if len(g.consumers[u]) > 1 and g.nodes[u].op is not Op.CONST),
                     key=lambda u: -g.nodes[u].nbytes)
     producers = {v: sorted((u for u in dict.fromkeys(g.nodes[v].inputs) if u in part.group_of),
                            key=lambda u: -g.nodes[u].nbytes) for v in part.group_of}

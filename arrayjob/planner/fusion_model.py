@@ -35,15 +35,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from arrayjob.planner.ir import OPAQUE, parse_einsum
+from arrayjob.planner.ops import ELEMENTWISE, Einsum, Map, Op, Reduce, combine_of
 from arrayjob.planner.plan import Plan
 from arrayjob.planner.reduction import tree_size
 
 BANDWIDTH = 4e9  # bytes touched per second per worker (memory, object store)
-FLOP_RATE = 1e9  # elementwise operations per second per worker (a transcendental counts 10)
+FLOP_RATE = 1e9  # elementwise operations per second per worker
+TRANSCENDENTAL_OPS = 10  # a transcendental call (``Elementwise.calls``) counts as this many operations
 TASK_SECONDS = 1e-3  # scheduling, argument resolution and result handling, per task
-COMBINABLE = ("sum", "max", "min")
-TRANSCENDENTAL = {"exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "logaddexp", "power", "sin", "cos"}
 
 
 @dataclass(frozen=True)
@@ -105,7 +104,7 @@ class Fuser:
         self.graph = g = plan.graph
         self.grids = [plan.grid(i) for i in range(len(g))]
         self.program_outputs = set(g.outputs)
-        self.opaque = {i for i, n in enumerate(g.nodes) if n.op in OPAQUE}
+        self.opaque = {i for i, n in enumerate(g.nodes) if n.op.is_opaque}
         classes = g.axis_classes
         facts = []
         for i, n in enumerate(g.nodes):
@@ -114,8 +113,8 @@ class Fuser:
             cut = {classes.of_axis(i, a): grid[a] for a in plan.tilings[i].axes if n.shape[a] > 0}
             facts.append(_Facts(
                 own, frozenset(own), cut, frozenset(c for c in own if own.count(c) > 1),
-                tuple(dict.fromkeys(u for u in n.inputs if g.nodes[u].op != "const")), _work(plan, i), n.nbytes,
-                n.op == "einsum" or (n.op == "reduce" and n.attrs[0] in COMBINABLE)))
+                tuple(dict.fromkeys(u for u in n.inputs if g.nodes[u].op is not Op.CONST)), _work(plan, i), n.nbytes,
+                combine_of(n.op, n.attrs) is not None))
         self.facts = facts
 
     # -- analysis ----------------------------------------------------------------------------
@@ -286,12 +285,12 @@ def _work(plan: Plan, v: int) -> int:
     """Operations to compute node ``v`` whole (as ``cost`` counts flops)."""
     g = plan.graph
     n = g.nodes[v]
-    if n.op == "map":
-        return math.prod(n.shape) * (10 if n.attrs[0] in TRANSCENDENTAL else 1)
-    if n.op == "reduce":
+    if isinstance(n.attrs, Map):
+        return math.prod(n.shape) * max(1, TRANSCENDENTAL_OPS * ELEMENTWISE[n.attrs.fn].calls)
+    if isinstance(n.attrs, Reduce):
         return math.prod(g.nodes[n.inputs[0]].shape)
-    if n.op == "einsum":
-        terms, _ = parse_einsum(n.attrs[0])
+    if isinstance(n.attrs, Einsum):
+        terms, _ = n.attrs.terms
         sizes: dict[str, int] = {}
         for term, u in zip(terms, n.inputs, strict=True):
             sizes.update(zip(term, g.nodes[u].shape, strict=True))

@@ -2,28 +2,7 @@
 
 A ``Graph`` is a tuple of ``Node`` in topological order; a node names its inputs by
 index, so graphs hash and compare by structure in linear time (the plan cache's key).
-
-Ops and their ``attrs``:
-
-=========  ==================================  =============================================
-op         attrs                               meaning
-=========  ==================================  =============================================
-source     (ArrayInfo,)                        a stored Zarr array
-value      (name,)                             a driver array bound at run time (weights)
-const      (python scalar,)                    a 0-d constant
-map        (fn,)                               elementwise ``fn`` of its inputs, broadcast
-reduce     (fn, axes, keepdims)                sum / max / min / argmax / argmin over axes
-einsum     (subscripts,)                       contraction, e.g. "ij,j->i" (matmul, tensordot)
-transpose  (perm,)                             a view with permuted axes
-blockwise  (Kernel, output, in_rows, out_rows) output ``output`` of a job's block function
-                                               applied to matching row blocks of its inputs
-                                               (``in_rows``: rows per block of each input, or
-                                               None for whole inputs; ``out_rows``: rows per
-                                               block of this output, or None for whole)
-cached     (handle, block_shape)               blocks kept by the executor (``Session.persist``)
-store      (ArrayInfo, StorageOptions)         write the input's blocks into that Zarr array;
-                                               the value is [bytes written, PUT requests]
-=========  ==================================  =============================================
+A node's ``op`` and typed ``attrs`` come from the one op vocabulary, ``planner.ops``.
 """
 
 from __future__ import annotations
@@ -31,53 +10,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-# Elementwise functions: name -> (arity, numpy implementation). Arity 0 means "any".
-UNARY = {
-    "negative": np.negative, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
-    "sqrt": np.sqrt, "abs": np.abs, "square": np.square, "tanh": np.tanh, "sin": np.sin,
-    "cos": np.cos, "erf": None, "sigmoid": None, "reciprocal": np.reciprocal,
-}
-BINARY = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
-    "power": np.power, "maximum": np.maximum, "minimum": np.minimum, "logaddexp": np.logaddexp,
-    "greater": np.greater, "less": np.less, "greater_equal": np.greater_equal,
-    "less_equal": np.less_equal, "equal": np.equal, "not_equal": np.not_equal,
-}
-TERNARY = {"where": np.where}
-COMPARISONS = {"greater", "less", "greater_equal", "less_equal", "equal", "not_equal"}
-REDUCTIONS = ("sum", "max", "min", "argmax", "argmin")
-OPAQUE = ("blockwise", "store")  # ops whose shapes are declared, not inferred; never fused
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    from scipy.special import expit
-
-    return expit(x)
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf as _erf
-
-    return _erf(x)
-
-
-UNARY["sigmoid"] = sigmoid
-UNARY["erf"] = erf
-ELEMENTWISE = {**{k: (1, f) for k, f in UNARY.items()}, **{k: (2, f) for k, f in BINARY.items()},
-               **{k: (3, f) for k, f in TERNARY.items()}}
+from arrayjob.planner.ops import Blockwise, Einsum, Op, OpAttrs, Reduce, Transpose
 
 
 @dataclass(frozen=True)
 class Node:
-    op: str
+    op: Op
     inputs: tuple[int, ...]
     shape: tuple[int, ...]
     dtype: str
-    attrs: tuple[Any, ...] = ()
+    attrs: OpAttrs
 
     @property
     def ndim(self) -> int:
@@ -89,21 +34,11 @@ class Node:
 
     @property
     def is_leaf(self) -> bool:
-        return self.op in ("source", "value", "const", "cached")
+        return self.op.is_leaf
 
     def label(self) -> str:
         """A short human name: ``exp``, ``sum(0)``, ``einsum(ij,j->i)``, ``X``."""
-        if self.op == "source":
-            return self.attrs[0].name
-        if self.op in ("value", "map", "cached"):
-            return str(self.attrs[0])
-        if self.op == "const":
-            return repr(self.attrs[0])
-        if self.op == "reduce":
-            return f"{self.attrs[0]}({','.join(map(str, self.attrs[1]))})"
-        if self.op == "einsum":
-            return f"einsum({self.attrs[0]})"
-        return f"{self.op}{self.attrs[0] if self.attrs else ''}"
+        return self.attrs.label()
 
 
 @dataclass(frozen=True)
@@ -134,7 +69,7 @@ class Graph:
         for i, node in enumerate(self.nodes):
             if any(not 0 <= j < i for j in node.inputs):
                 raise ValueError(f"node {i} ({node.label()}): inputs {node.inputs} are not earlier nodes")
-            if not node.is_leaf and node.op not in OPAQUE:
+            if not node.is_leaf and not node.op.is_opaque:
                 expected = infer_shape(node.op, [self.nodes[j].shape for j in node.inputs], node.attrs)
                 if expected != node.shape:
                     raise ValueError(f"node {i} ({node.label()}): shape {node.shape}, expected {expected}")
@@ -143,34 +78,37 @@ class Graph:
                 raise ValueError(f"output {o} is not a node")
 
 
+def blockwise_call(node: Node) -> tuple[object, ...]:
+    """What identifies one call of a job's block function: its outputs (sibling
+    ``blockwise`` nodes) share it and are computed by the same tasks."""
+    assert isinstance(node.attrs, Blockwise)
+    return node.attrs.kernel, node.inputs, node.attrs.in_rows
+
+
 def broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     return tuple(int(s) for s in np.broadcast_shapes(*shapes))
 
 
-def parse_einsum(subscripts: str) -> tuple[list[str], str]:
-    lhs, _, out = subscripts.replace(" ", "").partition("->")
-    return lhs.split(","), out
-
-
-def infer_shape(op: str, shapes: list[tuple[int, ...]], attrs: tuple[Any, ...]) -> tuple[int, ...]:
-    if op == "map":
+def infer_shape(op: Op, shapes: list[tuple[int, ...]], attrs: OpAttrs) -> tuple[int, ...]:
+    """The shape an op's result has, from its inputs' shapes (ops whose shapes are inferred)."""
+    if op is Op.MAP:
         return broadcast_shape(shapes)
-    if op == "reduce":
-        _, axes, keepdims = attrs
-        return tuple(1 if a in axes else s for a, s in enumerate(shapes[0]) if keepdims or a not in axes)
-    if op == "transpose":
-        return tuple(shapes[0][p] for p in attrs[0])
-    if op == "einsum":
-        terms, out = parse_einsum(attrs[0])
+    if isinstance(attrs, Reduce):
+        return tuple(1 if a in attrs.axes else s for a, s in enumerate(shapes[0])
+                     if attrs.keepdims or a not in attrs.axes)
+    if isinstance(attrs, Transpose):
+        return tuple(shapes[0][p] for p in attrs.perm)
+    if isinstance(attrs, Einsum):
+        terms, out = attrs.terms
         sizes: dict[str, int] = {}
         for term, shape in zip(terms, shapes, strict=True):
             if len(term) != len(shape):
-                raise ValueError(f"einsum {attrs[0]}: term {term!r} does not fit shape {shape}")
+                raise ValueError(f"einsum {attrs.subscripts}: term {term!r} does not fit shape {shape}")
             for label, size in zip(term, shape, strict=True):
                 if sizes.setdefault(label, size) != size:
-                    raise ValueError(f"einsum {attrs[0]}: label {label!r} is {sizes[label]} and {size}")
+                    raise ValueError(f"einsum {attrs.subscripts}: label {label!r} is {sizes[label]} and {size}")
         return tuple(sizes[label] for label in out)
-    raise ValueError(f"unknown op {op!r}")
+    raise ValueError(f"op {op!r}: shape is declared, not inferred")
 
 
 class AxisClasses:
@@ -208,26 +146,26 @@ class AxisClasses:
                 parent[ra] = rb
 
         for i, node in enumerate(graph.nodes):
-            if node.op == "map":
+            attrs = node.attrs
+            if node.op is Op.MAP:
                 for j in node.inputs:
                     shape = graph.nodes[j].shape
                     offset = node.ndim - len(shape)
                     for a, s in enumerate(shape):
                         if s == node.shape[a + offset] and s != 1:
                             union((j, a), (i, a + offset))
-            elif node.op == "transpose":
-                for a, p in enumerate(node.attrs[0]):
+            elif isinstance(attrs, Transpose):
+                for a, p in enumerate(attrs.perm):
                     union((node.inputs[0], p), (i, a))
-            elif node.op == "reduce":
-                _, axes, keepdims = node.attrs
-                kept = [a for a in range(graph.nodes[node.inputs[0]].ndim) if a not in axes]
-                for out_axis, a in enumerate(kept if not keepdims else []):
+            elif isinstance(attrs, Reduce):
+                kept = [a for a in range(graph.nodes[node.inputs[0]].ndim) if a not in attrs.axes]
+                for out_axis, a in enumerate(kept if not attrs.keepdims else []):
                     union((node.inputs[0], a), (i, out_axis))
-                if keepdims:
+                if attrs.keepdims:
                     for a in kept:
                         union((node.inputs[0], a), (i, a))
-            elif node.op == "einsum":
-                terms, out = parse_einsum(node.attrs[0])
+            elif isinstance(attrs, Einsum):
+                terms, out = attrs.terms
                 where: dict[str, tuple[int, int]] = {label: (i, a) for a, label in enumerate(out)}
                 for j, term in zip(node.inputs, terms, strict=True):
                     for a, label in enumerate(term):

@@ -17,9 +17,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from arrayjob.planner.ir import OPAQUE, Graph
+from arrayjob.planner import ops
+from arrayjob.planner.ir import Graph, blockwise_call
+from arrayjob.planner.ops import Op, combine_of
 from arrayjob.planner.physical import (
-    COMBINABLE,
     Arg,
     Assemble,
     BlockGrid,
@@ -84,21 +85,22 @@ class _Lowering:
 
     def leaf_blocks(self, node: int) -> None:
         n = self.graph.nodes[node]
-        if n.op == "source":
-            source = Source(n.attrs[0], self.grids[node], n.attrs[1] if len(n.attrs) > 1 else None)
+        attrs = n.attrs
+        if isinstance(attrs, ops.Source):
+            source = Source(attrs.array, self.grids[node], attrs.check)
             self.sources.append(source)
             self.blocks[node] = {idx: SourceBlock(source.array.name, idx) for idx in source.grid.indices()}
-        elif n.op == "cached":
+        elif isinstance(attrs, ops.Cached):
             grid = self.grids[node]
             self.blocks[node] = {
-                idx: CachedBlock(n.attrs[0], k, tuple(b - a for a, b in _block_selection(grid, idx)),
+                idx: CachedBlock(attrs.handle, k, tuple(b - a for a, b in _block_selection(grid, idx)),
                                  _nbytes(_block_selection(grid, idx), n.dtype))
                 for k, idx in enumerate(sorted(grid.indices()))
             }
-        elif n.op == "value":
+        elif isinstance(attrs, ops.Value):
             if self.plan.tilings[node].axes:
-                raise ValueError(f"driver value {n.attrs[0]!r} must be whole, not cut")
-            self.blocks[node] = {(0,) * n.ndim: DriverValue(n.attrs[0], n.shape, n.nbytes)}
+                raise ValueError(f"driver value {attrs.name!r} must be whole, not cut")
+            self.blocks[node] = {(0,) * n.ndim: DriverValue(attrs.name, n.shape, n.nbytes)}
 
     def block_for(self, node: int, selection: Selection) -> Arg:
         """An argument holding ``node[selection]``: an existing block, or an Assemble task."""
@@ -135,17 +137,17 @@ class _Lowering:
     # -- kernels ---------------------------------------------------------------------------
     def kernel(self, k: int, kernel: FusedKernel) -> None:
         g, classes = self.graph, self.classes
-        opaque = [v for v in kernel.nodes if g.nodes[v].op in OPAQUE]
+        opaque = [v for v in kernel.nodes if g.nodes[v].op.is_opaque]
         if opaque:
             if len(kernel.nodes) != 1:
                 raise ValueError(f"kernel {kernel.name}: {g.nodes[opaque[0]].op} must not be fused with other ops")
             (v,) = kernel.nodes
-            return self.blockwise(k, v) if g.nodes[v].op == "blockwise" else self.store(k, v)
+            return self.blockwise(k, v) if g.nodes[v].op is Op.BLOCKWISE else self.store(k, v)
         inside = set(kernel.nodes)
         external: list[int] = []
         for v in kernel.nodes:
             for u in g.nodes[v].inputs:
-                if u not in inside and g.nodes[u].op != "const" and u not in external:
+                if u not in inside and g.nodes[u].op is not Op.CONST and u not in external:
                     external.append(u)
         # the iteration space: cut classes of the kernel's nodes, and classes cut in its
         # inputs that a node sums away
@@ -183,7 +185,7 @@ class _Lowering:
             own = set(classes.of_node(v, n.ndim))
             dep[v] = d
             partial[v] = d - own
-            if partial[v] and not (n.op == "einsum" or (n.op == "reduce" and n.attrs[0] in COMBINABLE)):
+            if partial[v] and combine_of(n.op, n.attrs) is None:
                 raise ValueError(f"kernel {kernel.name}: node {v} ({n.label()}) cannot combine partials")
             if partial[v] and v not in kernel.outputs:
                 raise ValueError(f"kernel {kernel.name}: partial node {v} ({n.label()}) must be an output")
@@ -232,7 +234,8 @@ class _Lowering:
                 if not partial[v]:
                     self.blocks[v][bidx] = results[0]
                     continue
-                fn = COMBINABLE[n.op if n.op == "einsum" else n.attrs[0]]
+                fn = combine_of(n.op, n.attrs)
+                assert fn is not None
                 sel = _block_selection(self.grids[v], bidx)
                 self.blocks[v][bidx] = self.reduce_tree(f"{fn}#{v}[{','.join(map(str, bidx))}]", fn, results,
                                                         tuple(b - a for a, b in sel), _nbytes(sel, n.dtype))
@@ -241,11 +244,12 @@ class _Lowering:
         """One task per row block runs the job's function; sibling outputs share the task."""
         g = self.graph
         n = g.nodes[v]
-        fn, output, in_rows, out_rows = n.attrs
-        key = (fn.name, n.inputs, in_rows)
-        siblings = {j: m for j, m in enumerate(g.nodes)
-                    if m.op == "blockwise" and (m.attrs[0].name, m.inputs, m.attrs[2]) == key}
-        by_output = {m.attrs[1]: (j, m) for j, m in siblings.items()}
+        attrs = n.attrs
+        assert isinstance(attrs, ops.Blockwise)
+        fn, output, in_rows, out_rows = attrs.kernel, attrs.output, attrs.in_rows, attrs.out_rows
+        key = blockwise_call(n)
+        siblings = {j: m for j, m in enumerate(g.nodes) if m.op is Op.BLOCKWISE and blockwise_call(m) == key}
+        by_output = {m.attrs.output: (j, m) for j, m in siblings.items()}
         first = g.nodes[n.inputs[0]]
         count = -(-first.shape[0] // in_rows[0]) if in_rows and in_rows[0] else 1
         if key not in self.blockwise_tasks:
@@ -262,7 +266,7 @@ class _Lowering:
                 shapes = []
                 for o in range(max(by_output) + 1):
                     m = by_output[o][1] if o in by_output else n
-                    r = m.attrs[3]
+                    r = m.attrs.out_rows
                     shapes.append((min(r, m.shape[0] - i * r), *m.shape[1:]) if r else m.shape)
                 task = Task(f"{fn.name}#{k}[{i}]", fn, tuple(args), num_outputs=len(shapes),
                             out_shapes=tuple(shapes),
@@ -282,7 +286,8 @@ class _Lowering:
     def store(self, k: int, v: int) -> None:
         """One write task per block of the input; their [bytes, PUTs] are summed."""
         n = self.graph.nodes[v]
-        target, options = n.attrs
+        assert isinstance(n.attrs, ops.Store)
+        target, options = n.attrs.target, n.attrs.options
         u = n.inputs[0]
         results = []
         for idx, ref in sorted(self.blocks[u].items()):
@@ -318,9 +323,9 @@ class _Lowering:
         steps: list[Step] = []
         for v in kernel.nodes:
             for u in g.nodes[v].inputs:
-                if u not in slot and g.nodes[u].op == "const":
+                if u not in slot and g.nodes[u].op is Op.CONST:
                     n = g.nodes[u]
-                    steps.append(Step("const", n.attrs, (), n.dtype))
+                    steps.append(Step(Op.CONST, n.attrs, (), n.dtype))
                     slot[u] = len(external) + len(steps) - 1
             n = g.nodes[v]
             steps.append(Step(n.op, n.attrs, tuple(slot[u] for u in n.inputs), n.dtype))
@@ -335,7 +340,7 @@ class _Lowering:
                 computed_by[v] = k
         done: set[int] = set()
         for i, n in enumerate(self.graph.nodes):
-            if n.op in ("source", "value", "cached"):
+            if n.op.is_leaf and n.op is not Op.CONST:  # constants are inlined into kernels
                 self.leaf_blocks(i)
         for k, kernel in enumerate(self.plan.kernels):
             if k not in done:

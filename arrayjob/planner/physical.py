@@ -12,9 +12,12 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from arrayjob.io.locations import ArrayInfo, StorageOptions
+
+if TYPE_CHECKING:  # the op vocabulary names Kernel, for a job's block function
+    from arrayjob.planner.ops import Op, OpAttrs
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,8 @@ class Kernel:
 class Step:
     """One operation of a block kernel: an IR op applied to earlier slots."""
 
-    op: str
-    attrs: tuple[Any, ...]
+    op: Op
+    attrs: OpAttrs
     inputs: tuple[int, ...]  # slots
     dtype: str
 
@@ -113,9 +116,6 @@ class Combine:
     """Combine partial results of a reduction: ``sum`` (sums and contractions), ``max``, ``min``."""
 
     op: str
-
-
-COMBINABLE = {"sum": "sum", "einsum": "sum", "max": "max", "min": "min"}  # reduction -> Combine.op
 
 
 @dataclass(frozen=True)

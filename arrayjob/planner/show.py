@@ -6,7 +6,10 @@ import json
 from collections import Counter
 from typing import Any
 
+from arrayjob.planner.ops import Op, Source
 from arrayjob.planner.plan import Plan
+
+NAMED = (Op.SOURCE, Op.VALUE)  # arrays shown by their own names
 
 
 def _fmt_shape(shape: tuple[int, ...]) -> str:
@@ -15,7 +18,7 @@ def _fmt_shape(shape: tuple[int, ...]) -> str:
 
 def array_name(plan: Plan, i: int) -> str:
     n = plan.graph.nodes[i]
-    if n.op in ("source", "value"):
+    if n.op in NAMED:
         return n.label()
     return f"{n.label()}#{i}"
 
@@ -24,12 +27,12 @@ def arrays(plan: Plan) -> list[dict[str, Any]]:
     """Every array of the graph (not scalar constants) with its tiling and grid."""
     out = []
     for i, n in enumerate(plan.graph.nodes):
-        if n.op == "const":
+        if n.op is Op.CONST:
             continue
         entry: dict[str, Any] = {"name": array_name(plan, i), "op": n.op, "shape": list(n.shape), "dtype": n.dtype}
-        if n.op == "source":
-            entry["uri"] = n.attrs[0].uri
-            entry["chunks"] = list(n.attrs[0].chunks)
+        if isinstance(n.attrs, Source):
+            entry["uri"] = n.attrs.array.uri
+            entry["chunks"] = list(n.attrs.array.chunks)
         if plan.tilings is not None:
             grid = plan.grid(i)
             entry["tiling"] = plan.tilings[i].describe(n.ndim)
@@ -133,7 +136,7 @@ def to_dot(plan: Plan) -> str:
         lines.append("  }")
     for i, n in enumerate(g.nodes):
         if i not in in_kernel:
-            shape = "box" if n.op in ("source", "value") else "plaintext"
+            shape = "box" if n.op in NAMED else "plaintext"
             lines.append(f'  n{i} [label="{_dot_label(plan, i)}", shape={shape}];')
     for i, n in enumerate(g.nodes):
         for j in n.inputs:
@@ -145,7 +148,7 @@ def to_dot(plan: Plan) -> str:
 def _dot_label(plan: Plan, i: int) -> str:
     n = plan.graph.nodes[i]
     text = f"{n.label()}\\n{_fmt_shape(n.shape)}"
-    if plan.tilings is not None and n.op != "const":
+    if plan.tilings is not None and n.op is not Op.CONST:
         text += f"\\n{plan.tilings[i].describe(n.ndim)} {' × '.join(map(str, plan.grid(i).grid_shape)) or '1'}"
     return text.replace('"', "'")
 

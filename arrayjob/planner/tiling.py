@@ -36,7 +36,8 @@ import numpy as np
 
 from arrayjob.io.locations import ArrayInfo
 from arrayjob.planner.fixed import fixed_blocking
-from arrayjob.planner.ir import Graph
+from arrayjob.planner.ir import Graph, blockwise_call
+from arrayjob.planner.ops import REDUCTIONS, Blockwise, Op, Reduce, Source, Store, Transpose
 from arrayjob.planner.physical import BlockGrid
 from arrayjob.planner.plan import TARGET_BLOCK_BYTES, Plan, PlanOptions, Tiling
 from arrayjob.planner.registry import register
@@ -54,9 +55,9 @@ def block_lengths(graph: Graph, options: PlanOptions) -> dict[int, int]:
     workers = max(1, options.cluster.workers)
     anchor: dict[int, tuple[int, int, int]] = {}  # class -> (array bytes, chunk, other-axes bytes)
     for i, node in enumerate(graph.nodes):
-        if node.op != "source":
+        if not isinstance(node.attrs, Source):
             continue
-        info: ArrayInfo = node.attrs[0]
+        info: ArrayInfo = node.attrs.array
         itemsize = node.nbytes // max(1, math.prod(node.shape)) if node.shape else 8
         for a, chunk in enumerate(info.chunks):
             c = classes.of_axis(i, a)
@@ -142,7 +143,7 @@ class TilingModel:
         # what op_cost reads, computed once: it runs for every entry of every cost table
         self.nbytes = [n.nbytes for n in graph.nodes]
         self.class_set = [frozenset(cls) for cls in self.classes]
-        self.operands = [[u for u in dict.fromkeys(n.inputs) if graph.nodes[u].op != "const"]  # constants are inlined
+        self.operands = [[u for u in dict.fromkeys(n.inputs) if graph.nodes[u].op is not Op.CONST]  # constants are inlined
                          for n in graph.nodes]
         self._pieces: dict[frozenset[int], int] = {}
         self._group_nodes()
@@ -153,10 +154,11 @@ class TilingModel:
         twice = {c for cls in self.classes for c in cls if cls.count(c) > 1}
         forbidden = [{a for a, c in enumerate(cls) if c in twice} for cls in self.classes]
         for node in self.graph.nodes:
-            if node.op == "reduce" and node.attrs[0] in ("argmax", "argmin"):
-                forbidden[node.inputs[0]].update(node.attrs[1])  # no combine for arg-reductions
-            elif node.op == "store":  # each block written must cover whole chunks of the target
-                u, target = node.inputs[0], node.attrs[0]
+            attrs = node.attrs
+            if isinstance(attrs, Reduce) and REDUCTIONS[attrs.fn].is_arg:
+                forbidden[node.inputs[0]].update(attrs.axes)  # no combine for arg-reductions
+            elif isinstance(attrs, Store):  # each block written must cover whole chunks of the target
+                u, target = node.inputs[0], attrs.target
                 forbidden[u].update(a for a, c in enumerate(self.classes[u])
                                     if self.lengths.get(c, 1) % max(1, target.chunks[a]))
         return forbidden
@@ -164,7 +166,7 @@ class TilingModel:
     def cuttable(self, node: int) -> list[int]:
         """Axes of ``node`` that may be cut into more than one block."""
         n = self.graph.nodes[node]
-        if n.op in ("const", "value"):
+        if n.op.from_driver:
             return []
         return [a for a, c in enumerate(self.classes[node])
                 if n.shape[a] > 1 and self.blocks.get(c, 1) > 1 and a not in self.forbidden[node]]
@@ -185,7 +187,7 @@ class TilingModel:
             if i in self.fixed:
                 continue
             bad = [a for a in t.axes if not 0 <= a < n.ndim or (n.shape[a] > 1 and (
-                n.op in ("const", "value") or a in self.forbidden[i]))]
+                n.op.from_driver or a in self.forbidden[i]))]
             if bad:
                 raise ValueError(f"node {i} ({n.label()}): axis {bad[0]} cannot be cut")
 
@@ -193,11 +195,11 @@ class TilingModel:
     def op_cost(self, v: int, cut: Callable[[int], Cut]) -> int:
         """Bytes op ``v`` moves, given the cut classes of every node (``cut(node)``)."""
         op = self.graph.nodes[v].op
-        if op == "source":
+        if op is Op.SOURCE:
             return self.source_cost(v, cut(v))
-        if op in ("value", "const"):
+        if op.from_driver:
             return 0
-        if op == "blockwise":
+        if op is Op.BLOCKWISE:
             return self.blockwise_cost(v, cut)
         own = self.class_set[v]
         space = cut(v).union(*(cut(u) - own for u in self.operands[v]))
@@ -214,9 +216,11 @@ class TilingModel:
     def blockwise_cost(self, v: int, cut: Callable[[int], Cut]) -> int:
         """A job's block function: inputs cut into its row blocks, or whole to every task."""
         g = self.graph
-        fn, _, in_rows, _ = g.nodes[v].attrs
-        if any(m.op == "blockwise" and (m.attrs[0].name, m.inputs, m.attrs[2]) == (fn.name, g.nodes[v].inputs, in_rows)
-               for m in g.nodes[:v]):
+        attrs = g.nodes[v].attrs
+        assert isinstance(attrs, Blockwise)
+        in_rows = attrs.in_rows
+        call = blockwise_call(g.nodes[v])
+        if any(m.op is Op.BLOCKWISE and blockwise_call(m) == call for m in g.nodes[:v]):
             return 0  # a sibling output of the same tasks, priced once
         first = g.nodes[v].inputs[0]
         tasks = math.ceil(g.nodes[first].shape[0] / in_rows[0]) if in_rows and in_rows[0] else 1
@@ -235,7 +239,8 @@ class TilingModel:
     def source_cost(self, s: int, cut: Cut) -> int:
         """A stored array read with cut classes ``cut`` instead of its natural tiling."""
         n = self.graph.nodes[s]
-        info: ArrayInfo = n.attrs[0]
+        assert isinstance(n.attrs, Source)
+        info: ArrayInfo = n.attrs.array
         natural = frozenset(c for a, c in enumerate(self.classes[s])
                             if info.chunks[a] < n.shape[a] and self.blocks.get(c, 1) > 1)
         cost = 0
@@ -260,10 +265,10 @@ class TilingModel:
         self.root: list[int] = []
         self.root_axis: list[tuple[int, ...]] = []
         for i, n in enumerate(g.nodes):
-            if n.op == "transpose":
+            if isinstance(n.attrs, Transpose):
                 u = n.inputs[0]
                 self.root.append(self.root[u])
-                self.root_axis.append(tuple(self.root_axis[u][p] for p in n.attrs[0]))
+                self.root_axis.append(tuple(self.root_axis[u][p] for p in n.attrs.perm))
             else:
                 self.root.append(i)
                 self.root_axis.append(tuple(range(n.ndim)))
@@ -301,7 +306,7 @@ class TilingModel:
         cuts = {r: [self.cut(r, Tiling(tuple(sorted(axes)))) for axes in self.options_of[r]] for r in self.groups}
         tables: dict[tuple[int, ...], np.ndarray] = {}
         for v, n in enumerate(self.graph.nodes):
-            if n.op in ("const", "value"):
+            if n.op.from_driver:
                 continue
             nodes = [v, *self.operands[v]]
             scope = tuple(sorted({self.root[u] for u in nodes}))
@@ -504,7 +509,7 @@ def naive(plan: Plan) -> Plan:
     """Every array cut by rows (its first axis) where lowering allows; driver values and scalars whole."""
     model = tiling_model(plan.graph, plan.options)
     tilings = tuple(
-        Tiling((0,)) if n.op not in ("const", "value") and n.ndim >= 1 and n.shape[0] > 1
+        Tiling((0,)) if not n.op.from_driver and n.ndim >= 1 and n.shape[0] > 1
         and 0 not in model.forbidden[i] else Tiling()
         for i, n in enumerate(plan.graph.nodes)
     )

@@ -12,6 +12,7 @@ import numpy as np
 
 from arrayjob.lazy import BlockArray, bound_values, cached, capture
 from arrayjob.planner.lower import assemble_outputs
+from arrayjob.planner.ops import Cached, Value
 from arrayjob.planner.pipeline import Planner
 from arrayjob.planner.plan import Plan, PlanOptions
 from arrayjob.runtime.executor import Executor
@@ -66,13 +67,14 @@ class Session:
 
     def release(self, arrays: Mapping[str, BlockArray]) -> None:
         for array in arrays.values():
-            self.executor.release(array.attrs[0])
+            assert isinstance(array.attrs, Cached)
+            self.executor.release(array.attrs.handle)
 
     def _bind(self, plan: Plan, values: Mapping[str, Any] | None) -> dict[str, Any]:
         bound = dict(values or {})
         for node in plan.graph.nodes:
-            if node.op == "value":
-                name = node.attrs[0]
+            if isinstance(node.attrs, Value):
+                name = node.attrs.name
                 if name not in bound:
                     raise ValueError(f"compute: no value bound for {name!r}")
                 array = np.asarray(bound[name], dtype=node.dtype)
