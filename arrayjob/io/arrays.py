@@ -202,7 +202,7 @@ def write_requests(driver_arrays: Mapping[str, tuple[tuple[int, ...], str]],
     them. Worker processes' metadata GETs are not counted, as in a run (see docs/report.md)."""
     import tempfile
 
-    from arrayjob.io.storage import parse_uri
+    from arrayjob.io.locations import parse_uri
 
     with tempfile.TemporaryDirectory(prefix="arrayjob-write-") as tmp:
         group = ResultGroup(parse_uri(tmp).join("result.zarr"), StorageOptions())
