@@ -22,7 +22,8 @@ def _tsqr_arrayjob(ctx: Context, size: str, what: str, limit: float) -> tuple[Ro
     """The tsqr job's sequence (method auto): the Gram pass, the driver's Cholesky and its
     condition check, then the pass that forms Q — kept on the workers instead of written."""
     job = TSQR(TSQRParams(), {"A": ctx.info("logreg", "X")})
-    (grams_program, _), (program, _) = job.passes(1, ctx.workers)
+    declared = job.stages(ctx.workers)
+    grams_program, program = declared["grams"], declared["q"]
     load, session = ctx.loaded_session(grams_program)
     r1: list[np.ndarray] = []
 

@@ -172,46 +172,50 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
                           placement=spec.planner.placement, cluster=cluster)
     assumed, source = job.iterations_assumed(iterations)
+    declared = job.stages(cluster.workers)
     load = StageEstimate("load")
-    fit = StageEstimate(job.compute_stage, runs=0)
+    # stored blocks are read in "load"; each pass is priced in the stage the job declares for it
+    by_stage = {"load": load}
+    seconds = {"load": 0.0}
+    for p in declared.passes:
+        if p.stage not in by_stage:
+            by_stage[p.stage] = StageEstimate(p.stage, runs=0)
+            seconds[p.stage] = 0.0
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
-    load_seconds = fit_seconds = 0.0
-    peaks: list[list[int]] = []
-    for index, (program, runs) in enumerate(job.passes(assumed, cluster.workers)):
-        plan = make_plan(capture(list(program.values())), options)
+    peaks: dict[str, list[list[int]]] = {name: [] for name in by_stage}
+    for p in declared.passes:
+        plan = make_plan(capture(list(p.program.values())), options)
         assert plan.physical is not None and plan.cost is not None
         # stored blocks stay where the first program read them, for the job (see physical_cost)
         cost = physical_cost(plan.physical, nodes, homes)
         fresh = [s for s in plan.physical.sources if s.array.uri not in sources_seen]
         if fresh:  # stored blocks are read once, by one task each, then kept for the job
-            load_seconds += _read_seconds(cost, profile, cluster)
+            seconds["load"] += _read_seconds(cost, profile, cluster)
             load.bytes_read += cost.bytes_read
             load.get_requests += cost.get_requests
             load.tasks += len({a for t in plan.physical.tasks for a in t.args if isinstance(a, SourceBlock)})
             sources_seen.update(s.array.uri for s in fresh)
-        # a pass is priced in the stage the job runs it in (PageRank builds its graph in "load")
-        stage = load if index < job.build_passes else fit
-        seconds = runs * (_compute_seconds(cost, profile, cluster) + profile.run_overhead_seconds)
-        if stage is load:
-            load_seconds += seconds
-        else:
-            fit.runs += runs
-            fit_seconds += seconds
+        stage, runs = by_stage[p.stage], p.runs.times(assumed)
+        seconds[p.stage] += runs * (_compute_seconds(cost, profile, cluster) + profile.run_overhead_seconds)
+        if stage is not load:
+            stage.runs += runs
         stage.bytes_between_nodes += runs * cost.bytes_between_nodes
         stage.bytes_touched += runs * cost.bytes_touched
         stage.flops += runs * cost.flops
         stage.work.update({kind: runs * amount for kind, amount in cost.work.items()})
         stage.tasks += runs * cost.tasks
-        peaks.append(list(cost.peak_bytes_per_node))
+        peaks[p.stage].append(list(cost.peak_bytes_per_node))
     # arrays of the job no program reads are read whole on the driver (factor matrices, indptr)
     for info in getattr(job, "arrays", {}).values():
         if info.uri not in sources_seen:
             load.bytes_read += math.prod(info.shape) * np.dtype(info.dtype).itemsize
             load.get_requests += math.prod(math.ceil(s / c) for s, c in zip(info.shape, info.chunks, strict=True))
-    # outputs the workers write are cut like the last pass's largest stored array: one store
-    # task per row block of it, on the node that holds the block, and the tree that sums
-    # their [bytes, PUTs], rebuilt by placement to combine on each node first
+    # outputs the workers write (in the last pass's stage) are cut like the last pass's
+    # largest stored array: one store task per row block of it, on the node that holds the
+    # block, and the tree that sums their [bytes, PUTs], rebuilt by placement to combine on
+    # each node first
+    writing = by_stage[declared.passes[-1].stage]
     last = plan.physical
     largest = max(last.sources, key=lambda src: src.array.nbytes).array.name if last.sources else None
     row_home: dict[int, int] = {}
@@ -227,7 +231,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     for i, (shape, dtype, chunk_rows) in enumerate(job.outputs_estimate()):
         if chunk_rows:  # written by the workers, chunked by rows
             workers[f"output{i}"] = (tuple(shape), (chunk_rows, *shape[1:]), dtype)
-            fit.tasks += row_blocks + store_tree
+            writing.tasks += row_blocks + store_tree
         else:
             driver[f"output{i}"] = (tuple(shape), dtype)
     requests = write_requests(driver, workers)
@@ -235,16 +239,19 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     write.bytes_written, write.bytes_read = requests.bytes_written, requests.bytes_read
     connect = StageEstimate("connect", wall_seconds=profile.startup_seconds)
     shutdown = StageEstimate("shutdown", wall_seconds=profile.shutdown_seconds)
-    stages = [connect, load, fit, write, shutdown]
+    stages = [connect, *by_stage.values(), write, shutdown]
     write.wall_seconds = _seconds(write, profile, cluster)
-    # load: block reads scheduled, plus requests and driver-side reads; fit: every run's
-    # tasks scheduled, plus moving data between nodes
-    load.wall_seconds = load_seconds + load.get_requests * profile.request_seconds / (
-        STORAGE_CONCURRENCY * cluster.nodes)
-    fit.wall_seconds = fit_seconds + fit.bytes_between_nodes / (profile.network_bytes_per_s * max(1, cluster.nodes))
-    load.wall_seconds += profile.warmup_seconds + profile.run_overhead_seconds
-    load.wall_seconds += load.bytes_between_nodes / (profile.network_bytes_per_s * max(1, cluster.nodes))
-    fit.peak_bytes_per_node = [max(p[i] for p in peaks) for i in range(len(peaks[0]))] if peaks else []
+    # every stage: its runs' tasks scheduled, plus moving data between nodes; load also its
+    # block reads scheduled, requests and driver-side reads, and the first run's warm-up
+    network = profile.network_bytes_per_s * max(1, cluster.nodes)
+    for name, stage in by_stage.items():
+        stage.wall_seconds = seconds[name]
+        if stage is load:
+            stage.wall_seconds += load.get_requests * profile.request_seconds / (STORAGE_CONCURRENCY * cluster.nodes)
+            stage.wall_seconds += profile.warmup_seconds + profile.run_overhead_seconds
+        stage.wall_seconds += stage.bytes_between_nodes / network
+        stage.peak_bytes_per_node = [max(q[i] for q in peaks[name]) for i in range(len(peaks[name][0]))] \
+            if peaks[name] else []
     result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source)
     peak = max(result.peak_bytes_per_node, default=0)
     if peak > cluster.memory_per_node:

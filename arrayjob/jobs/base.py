@@ -1,4 +1,5 @@
-"""What every job is: declared inputs and params, a shape check, and a run over an executor."""
+"""What every job is: declared inputs and params, a shape check, the programs it runs
+(``StagePlan``), and a run over an executor."""
 
 from __future__ import annotations
 
@@ -15,6 +16,70 @@ from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.lazy import BlockArray
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.session import Session
+
+
+@dataclass(frozen=True)
+class Runs:
+    """How many times a program runs in a job: ``once`` times, plus ``per_iteration`` times
+    in each iteration (an estimate assumes ``Job.iterations_assumed``; a run takes its own)."""
+
+    once: int = 1
+    per_iteration: int = 0
+
+    def times(self, iterations: int) -> int:
+        return self.once + self.per_iteration * iterations
+
+
+ONCE = Runs()
+EACH_ITERATION = Runs(once=0, per_iteration=1)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One program a job runs: its name (how ``run`` asks for it), the stage of the run it
+    runs in (the report's ``load``, ``fit``, …) and how many times."""
+
+    name: str
+    stage: str
+    program: Mapping[str, BlockArray]
+    runs: Runs = ONCE
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Every program a job runs, in the order it runs them: ``run`` executes these programs
+    and ``costing.estimate`` prices them, so the two cannot drift apart.
+
+    Stored blocks are read in ``load`` before any other work; a pass in ``load`` is priced
+    there with them (PageRank's graph build, KMeans' statistics). Outputs the workers write
+    are added by ``run`` (``lazy.store`` of a declared output) and priced from
+    ``Job.outputs_estimate``.
+    """
+
+    passes: tuple[Pass, ...]
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.passes]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"StagePlan: expected distinct pass names, got {names}")
+
+    def pass_named(self, name: str) -> Pass:
+        for p in self.passes:
+            if p.name == name:
+                return p
+        raise KeyError(f"no pass {name!r} (passes: {', '.join(p.name for p in self.passes)})")
+
+    def __getitem__(self, name: str) -> dict[str, BlockArray]:
+        """The program of pass ``name``, as a fresh dict a run may extend (e.g. with a store)."""
+        return dict(self.pass_named(name).program)
+
+    def stage_of(self, name: str) -> str:
+        return self.pass_named(name).stage
+
+    @property
+    def main(self) -> Pass:
+        """The pass ``arrayjob plan`` shows: the first that runs every iteration, else the last."""
+        return next((p for p in self.passes if p.runs.per_iteration), self.passes[-1])
 
 
 @dataclass
@@ -43,8 +108,6 @@ class Job(ABC):
     optional_inputs: ClassVar[tuple[str, ...]] = ()
     group_inputs: ClassVar[dict[str, tuple[str, ...]]] = {}  # inputs that may be groups: members
     Params: ClassVar[type]
-    compute_stage: ClassVar[str] = "fit"  # the stage run() computes in, after "load"
-    build_passes: ClassVar[int] = 0  # leading passes run() runs inside "load" (PageRank's graph)
 
     def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None) -> None:
         self.params = params
@@ -57,8 +120,12 @@ class Job(ABC):
         """Raise InputError naming the array when shapes or dtypes do not fit."""
 
     @abstractmethod
+    def stages(self, workers: int) -> StagePlan:
+        """Every program this job runs on ``workers`` workers, in which stage, how many times."""
+
     def program(self, workers: int = 2) -> dict[str, BlockArray]:
-        """The lazy program of one pass (one iteration) over the inputs: what gets planned."""
+        """The program of one pass (one iteration) over the inputs: ``StagePlan.main``."""
+        return dict(self.stages(workers).main.program)
 
     def iterations_assumed(self, iterations: int | None = None) -> tuple[int, str]:
         """How many iterations an estimate assumes, and why."""
@@ -68,11 +135,6 @@ class Job(ABC):
         if iterations:
             return iterations, "--iterations"
         return max_iter, "params.max_iter, an upper bound"
-
-    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, BlockArray], int]]:
-        """The programs a run executes and how many times each (for estimates). The first
-        ``build_passes`` run in the load stage, the rest in ``compute_stage``."""
-        return [(self.program(workers), iterations)]
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         """The arrays a run writes: (shape, dtype, chunk rows or None for one chunk)."""

@@ -29,7 +29,16 @@ from arrayjob import lazy as la
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import open_array_info, read_block, read_whole
 from arrayjob.io.locations import StorageCounters, StorageOptions, parse_uri
-from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
+from arrayjob.jobs.base import (
+    EACH_ITERATION,
+    Job,
+    JobContext,
+    JobResult,
+    Pass,
+    StagePlan,
+    require,
+    require_numeric,
+)
 
 SAMPLE_ROWS = 100_000
 
@@ -59,7 +68,6 @@ def kmeans_program(X: la.BlockArray, k: int, final: bool) -> dict[str, la.BlockA
 
 class KMeans(Job):
     name = "kmeans"
-    build_passes = 1  # the statistics pass (for tol) runs in "load"
     title = "k-means"
     inputs = ("X",)
     Params = KMeansParams
@@ -81,13 +89,15 @@ class KMeans(Job):
         X = self.arrays["X"]
         return f"{self.title}, k = {self.params.k}, on X {X.shape[0]:,} × {X.shape[1]:,}"
 
-    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
-        return kmeans_program(la.from_zarr(self.arrays["X"]), self.params.k, final=False)
-
-    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
+    def stages(self, workers: int) -> StagePlan:
+        """Column statistics at load (for ``tol``), a Lloyd step per iteration, and the
+        final pass (labels, which the workers write, and inertia)."""
         X = la.from_zarr(self.arrays["X"])
-        stats = {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}
-        return [(stats, 1), (self.program(workers), iterations), (kmeans_program(X, self.params.k, final=True), 1)]
+        return StagePlan((
+            Pass("stats", "load", {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}),
+            Pass("step", "fit", kmeans_program(X, self.params.k, final=False), EACH_ITERATION),
+            Pass("final", "fit", kmeans_program(X, self.params.k, final=True)),
+        ))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         X = self.arrays["X"]
@@ -115,21 +125,19 @@ class KMeans(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        X = la.from_zarr(self.arrays["X"])
-        step = kmeans_program(X, p.k, final=False)
-        final = kmeans_program(X, p.k, final=True)
-        stats = {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}
+        plan = self.stages(ctx.session.options.cluster.workers)
+        step, final = plan["step"], plan["final"]
         ids = np.arange(p.k, dtype=np.float64)
         with ctx.metrics.stage("load"):
             centroids = self.initial(ctx)
             if not np.isfinite(centroids).all():
                 raise InputError("params.init: the initial centroids hold NaN or infinite values")
             ctx.session.load(step)
-            s = ctx.session.compute(stats)
+            s = ctx.session.compute(plan["stats"])
             variance = s["sum_sq"] / n - (s["sum"] / n) ** 2
             tol = p.tol * float(np.mean(variance))
         iterations = 0
-        with ctx.metrics.stage("fit"):
+        with ctx.metrics.stage(plan.stage_of("step")):
             for iterations in range(1, p.max_iter + 1):  # noqa: B007
                 r = ctx.session.compute(step, {"centroids": centroids, "centroid_sq": (centroids**2).sum(1),
                                                "cluster_ids": ids})

@@ -27,7 +27,14 @@ import numpy as np
 import scipy.linalg
 
 from arrayjob import lazy as la
-from arrayjob.jobs.base import Job, JobContext, JobResult, require_features_and_targets
+from arrayjob.jobs.base import (
+    Job,
+    JobContext,
+    JobResult,
+    Pass,
+    StagePlan,
+    require_features_and_targets,
+)
 from arrayjob.jobs.tsqr import QR_OF_STACK, block_rows_for, qr_block_cost, r_of_block
 from arrayjob.planner.physical import Kernel
 
@@ -56,7 +63,11 @@ class LinearRegression(Job):
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         return [((self.arrays["X"].shape[1],), "float64", None), ((1,), "float64", None)]
 
-    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
+    def stages(self, workers: int) -> StagePlan:
+        """One pass over X: R of [X 1 y] (``tsqr``), or the sums of the normal equations."""
+        return StagePlan((Pass(self.params.method, "fit", self._one_pass(workers)),))
+
+    def _one_pass(self, workers: int) -> dict[str, la.BlockArray]:
         X = la.from_zarr(self.arrays["X"])
         y = la.from_zarr(self.arrays["y"])
         if self.params.method == "tsqr":
@@ -83,16 +94,17 @@ class LinearRegression(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        program = self.program(ctx.session.options.cluster.workers)
+        plan = self.stages(ctx.session.options.cluster.workers)
+        program, stage = plan[p.method], plan.stage_of(p.method)
         with ctx.metrics.stage("load"):
             ctx.session.load(program)
         if p.method == "tsqr":
-            with ctx.metrics.stage("fit"):
+            with ctx.metrics.stage(stage):
                 coef, intercept, objective = self._from_r(ctx.session.compute(program)["R"], n, d)
             attrs = {"objective": float(objective), "method": p.method, "n_samples": n, "n_features": d}
             return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs,
                              [f"least squares by TSQR: objective {objective:.10g}"])
-        with ctx.metrics.stage("fit"):
+        with ctx.metrics.stage(stage):
             s = ctx.session.compute(program)
             gram, xty, sx, sy = s["xtx"], s["xty"], s["sum_x"], float(s["sum_y"])
             if p.fit_intercept:

@@ -24,7 +24,15 @@ import scipy.linalg
 import scipy.optimize
 
 from arrayjob import lazy as la
-from arrayjob.jobs.base import Job, JobContext, JobResult, require_features_and_targets
+from arrayjob.jobs.base import (
+    Job,
+    JobContext,
+    JobResult,
+    Pass,
+    Runs,
+    StagePlan,
+    require_features_and_targets,
+)
 from arrayjob.planner.physical import Kernel
 
 
@@ -61,13 +69,15 @@ class LogisticRegression(Job):
         X = self.arrays["X"]
         return f"{self.title} ({self.params.solver}) on X {X.shape[0]:,} × {X.shape[1]:,}"
 
-    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
-        return [(self.program(workers), iterations + 1)]  # and the final objective
+    def stages(self, workers: int) -> StagePlan:
+        """One evaluation at the start and one per iteration: an estimate's count. A line
+        search that backtracks evaluates once more per step back (a run's ``evaluations``)."""
+        return StagePlan((Pass("evaluate", "fit", self._evaluation(), Runs(once=1, per_iteration=1)),))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         return [((self.arrays["X"].shape[1],), "float64", None), ((1,), "float64", None)]
 
-    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
+    def _evaluation(self) -> dict[str, la.BlockArray]:
         """Loss and gradient (Newton: and Hessian) of the summed loss, in one pass over X."""
         X = la.from_zarr(self.arrays["X"])
         y = la.from_zarr(self.arrays["y"], check=CHECK_LABELS)
@@ -96,10 +106,11 @@ class LogisticRegression(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        program = self.program()
+        plan = self.stages(ctx.session.options.cluster.workers)
+        program = plan["evaluate"]
         with ctx.metrics.stage("load"):
             ctx.session.load(program)
-        with ctx.metrics.stage("fit"):
+        with ctx.metrics.stage(plan.stage_of("evaluate")):
             evaluate = _Evaluator(ctx, program, n, d, p)
             theta, iterations = (self._lbfgs if p.solver == "lbfgs" else self._newton)(evaluate, d)
             objective, grad, _ = evaluate(theta)
@@ -108,6 +119,7 @@ class LogisticRegression(Job):
         attrs = {
             "objective": objective,
             "iterations": iterations,
+            "evaluations": evaluate.evaluations,  # passes over X
             "converged": bool(converged),
             "gradient_norm": grad_norm,
             "solver": p.solver,
@@ -176,11 +188,13 @@ class _Evaluator:
         self.ctx, self.program, self.n, self.d, self.params = ctx, program, n, d, params
         self.last: tuple[np.ndarray, float, np.ndarray, np.ndarray | None] | None = None
         self.last_grad_norm = np.inf
+        self.evaluations = 0
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray | None]:
         if self.last is not None and np.array_equal(self.last[0], theta):
             return self.last[1], self.last[2].copy(), self.last[3]
         n, d, p = self.n, self.d, self.params
+        self.evaluations += 1
         values = {"w": theta[:d]}
         if p.fit_intercept:
             values["b"] = theta[d]

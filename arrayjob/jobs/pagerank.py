@@ -57,7 +57,7 @@ import scipy.sparse
 from arrayjob import lazy as la
 from arrayjob.io.arrays import read_group_attrs, read_whole
 from arrayjob.io.locations import ArrayInfo
-from arrayjob.jobs.base import Job, JobContext, JobResult, require
+from arrayjob.jobs.base import EACH_ITERATION, Job, JobContext, JobResult, Pass, StagePlan, require
 from arrayjob.planner.physical import Kernel
 
 
@@ -101,6 +101,7 @@ class GraphWork:
 # iteration, several times Ray's cost per task); one below (see the module note).
 EDGES_FOR_TWO_BLOCKS = 8_000_000
 SPMV_CACHE_BYTES = 16 * 2**20  # a gathered vector above this misses the cache (half of a 32 MiB L3)
+BUILT, SCALED = "pagerank-built", "pagerank-graph"  # handles the graph is kept under, built and scaled
 
 
 def distinct(keys: np.ndarray) -> np.ndarray:
@@ -274,12 +275,6 @@ class PageRank(Job):
     params: PageRankParams
 
     @property
-    def build_passes(self) -> int:  # type: ignore[override]
-        """Node-id range, out-edge counts (not for a CSR group), build, out-degrees, scaling:
-        run() does them in "load"."""
-        return 4 if self.csr else 5
-
-    @property
     def csr(self) -> bool:
         return "edges.indices" in self.arrays
 
@@ -340,23 +335,28 @@ class PageRank(Job):
                                  cost=GraphWork("build", self._edges_per_block(blocks)))
         return {"graph": graph}, block
 
-    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
-        """One iteration. Without ``n_nodes`` the node count needs a pass over the edges,
-        so the plan assumes as many nodes as edges."""
-        n = self._nodes_for_planning()
-        kept, block = self._build(n, workers)
-        graph = la.cached("graph", kept["graph"].shape, "object", (1, 1))
-        return self._iteration(graph, n, block)
+    def stages(self, workers: int, n_nodes: int | None = None) -> StagePlan:
+        """In "load": node-id range, out-edge counts (none for a CSR group: its indptr has
+        them), the build (kept as ``BUILT``), out-degrees, scaling (kept as ``SCALED``); then
+        one iteration per iteration. For ``n_nodes`` nodes: a run learns the count from the
+        id range; without ``params.n_nodes`` a plan assumes as many nodes as edges."""
+        n = self._nodes_for_planning() if n_nodes is None else n_nodes
+        build, block = self._build(n, workers)
+        built, scaled = self._kept(BUILT, build["graph"]), self._kept(SCALED, build["graph"])
+        counts = () if self.csr else (Pass("count", "load", self._count_program(n)),)
+        return StagePlan((
+            Pass("id_range", "load", self._id_range_program()),
+            *counts,
+            Pass("build", "load", build),
+            Pass("degree", "load", self._degree_program(built, n)),
+            Pass("scale", "load", self._scale_program(built, n)),
+            Pass("iterate", "fit", self._iteration(scaled, n, block), EACH_ITERATION),
+        ))
 
-    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
-        """The programs ``run`` runs, in order: node-id range, out-edge counts (none for a CSR
-        group: its indptr has them), build, out-degrees, scaling, iterations."""
-        n = self._nodes_for_planning()
-        build, _ = self._build(n, workers)
-        kept = la.cached("graph", build["graph"].shape, "object", (1, 1))
-        counts = [] if self.csr else [(self._count_program(n), 1)]
-        return [(self._id_range_program(), 1), *counts, (build, 1), (self._degree_program(kept, n), 1),
-                (self._scale_program(kept, n), 1), (self.program(workers), iterations)]
+    @staticmethod
+    def _kept(handle: str, graph: la.BlockArray) -> la.BlockArray:
+        """The graph as ``Session.persist(..., handle=handle)`` keeps it: one block per row."""
+        return la.cached(f"{handle}:graph", graph.shape, "object", (1, 1))
 
     def _count_program(self, n: int) -> dict[str, la.BlockArray]:
         e = self._edge_array
@@ -408,11 +408,13 @@ class PageRank(Job):
         E = self._edge_array.shape[0]
         workers = ctx.session.options.cluster.workers
         with ctx.metrics.stage("load"):
-            ids = self._id_range(ctx)
+            r = ctx.session.compute(self.stages(workers)["id_range"])  # the programs after it need n
+            ids = np.array([r["lo"][0], r["hi"][1]])
             n = self.csr_nodes if self.csr else (p.n_nodes or int(ids[1]) + 1)
             require(E == 0 or ids[0] >= 0, f"inputs.edges: node ids must be >= 0, found {int(ids[0])}")
             require(E == 0 or ids[1] < n, f"inputs.edges: node id {int(ids[1])} is out of range for params.n_nodes = {n}")
-            build, block = self._build(n, workers)
+            plan = self.stages(workers, n_nodes=n)
+            block = self._block_rows(n, workers)
             values = {"block_ids": np.arange(-(-n // block), dtype=np.int64)}
             if self.csr:
                 indptr = read_whole(self.arrays["edges.indptr"], self.storage, ctx.metrics).astype(np.int64)
@@ -420,20 +422,23 @@ class PageRank(Job):
                            "chunk_starts": np.arange(0, max(E, 1), self._edge_array.chunks[0], dtype=np.int64)}
                 out_edges = np.diff(indptr)
             else:
-                out_edges = ctx.session.compute(self._count_program(n))["out_edges"]
+                out_edges = ctx.session.compute(plan["count"])["out_edges"]
             labels = degree_order(out_edges, block)
-            kept = ctx.session.persist(build, values | {"labels": labels})
-            outdeg = ctx.session.compute(self._degree_program(kept["graph"], n))["d"]
+            kept = ctx.session.persist(plan["build"], values | {"labels": labels}, handle=BUILT)
+            outdeg = ctx.session.compute(plan["degree"])["d"]
             dangling = outdeg == 0
             inverse = np.where(dangling, 0.0, 1.0 / np.where(dangling, 1.0, outdeg))
-            graph = ctx.session.persist(self._scale_program(kept["graph"], n),
-                                        {"inverse_degree": inverse, "dangling": dangling})
+            graph = ctx.session.persist(plan["scale"], {"inverse_degree": inverse, "dangling": dangling},
+                                        handle=SCALED)
+            for handle, arrays in ((BUILT, kept), (SCALED, graph)):  # as the declared programs read them
+                declared = self._kept(handle, arrays["graph"])
+                assert arrays["graph"].attrs == declared.attrs, (arrays["graph"].attrs, declared.attrs)
             ctx.session.release(kept)
-        step = self._iteration(graph["graph"], n, block)
+        step = plan["iterate"]
         rank = np.full(n, 1.0 / n)
         dangling_mass = float(rank[dangling].sum())
         converged, iterations, delta = False, 0, np.inf
-        with ctx.metrics.stage("fit"):
+        with ctx.metrics.stage(plan.stage_of("iterate")):
             for iterations in range(1, p.max_iter + 1):  # noqa: B007
                 base = (p.damping * dangling_mass + 1.0 - p.damping) / n
                 r = ctx.session.compute(step, {"rank": rank, "base": base})
@@ -457,7 +462,3 @@ class PageRank(Job):
         (parts,) = la.map_blocks(Kernel("id_range", id_range), self._edges(), outputs=[((chunks, 2), "int64", 1)],
                                  block_rows=[chunk])
         return {"lo": parts.min(axis=0), "hi": parts.max(axis=0)}
-
-    def _id_range(self, ctx: JobContext) -> np.ndarray:
-        r = ctx.session.compute(self._id_range_program())
-        return np.array([r["lo"][0], r["hi"][1]])

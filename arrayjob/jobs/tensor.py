@@ -21,7 +21,16 @@ import numpy as np
 
 from arrayjob import lazy as la
 from arrayjob.errors import InputError
-from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
+from arrayjob.jobs.base import (
+    EACH_ITERATION,
+    Job,
+    JobContext,
+    JobResult,
+    Pass,
+    StagePlan,
+    require,
+    require_numeric,
+)
 
 MODES = {0: ("ijk,jf,kf->if", "BC"), 1: ("ijk,if,kf->jf", "AC"), 2: ("ijk,if,jf->kf", "AB")}
 
@@ -48,7 +57,6 @@ class MTTKRP(Job):
     inputs = ("X", "A", "B", "C")
     optional_inputs = ("A", "B", "C")
     Params = MTTKRPParams
-    compute_stage = "compute"
     params: MTTKRPParams
 
     def check_inputs(self) -> None:
@@ -78,21 +86,23 @@ class MTTKRP(Job):
         F = self.arrays[MODES[self.params.mode][1][0]].shape[1]
         return [((self.arrays["X"].shape[self.params.mode], F), "float64", None)]
 
-    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
+    def stages(self, workers: int) -> StagePlan:
         names = MODES[self.params.mode][1]
         X = la.from_zarr(self.arrays["X"])
         factors = tuple(la.value(n, self.arrays[n].shape) for n in names)
-        return {"M": mttkrp_program(X, self.params.mode, factors)}  # type: ignore[arg-type]
+        M = mttkrp_program(X, self.params.mode, factors)  # type: ignore[arg-type]
+        return StagePlan((Pass("mttkrp", "compute", {"M": M}),))
 
     def run(self, ctx: JobContext) -> JobResult:
         from arrayjob.io.arrays import read_whole
 
         names = MODES[self.params.mode][1]
-        program = self.program()
+        plan = self.stages(ctx.session.options.cluster.workers)
+        program = plan["mttkrp"]
         with ctx.metrics.stage("load"):
             factors = {n: read_whole(self.arrays[n], ctx.storage, ctx.metrics) for n in names}
             ctx.session.load(program)
-        with ctx.metrics.stage(self.compute_stage):
+        with ctx.metrics.stage(plan.stage_of("mttkrp")):
             M = ctx.session.compute(program, factors)["M"]
         return JobResult({"M": M}, {"mode": self.params.mode}, [f"M {M.shape[0]:,} × {M.shape[1]}"])
 
@@ -124,22 +134,16 @@ class CPALS(Job):
     def describe(self) -> str:
         return f"{self.title}, rank {self.params.rank}, on X {' × '.join(f'{s:,}' for s in self.arrays['X'].shape)}"
 
-    def _programs(self) -> tuple[dict[str, la.BlockArray], list[dict[str, la.BlockArray]]]:
+    def stages(self, workers: int) -> StagePlan:
+        """‖X‖² at load, then each iteration one MTTKRP per mode (``mode0``, ``mode1``, ``mode2``)."""
         X = la.from_zarr(self.arrays["X"])
         shape, F = self.arrays["X"].shape, self.params.rank
-        norm = {"norm_sq": (X * X).sum()}
-        passes = []
+        passes = [Pass("norm", "load", {"norm_sq": (X * X).sum()})]
         for mode, (_, names) in MODES.items():
             factors = tuple(la.value(n, (shape["ABC".index(n)], F)) for n in names)
-            passes.append({"M": mttkrp_program(X, mode, factors)})  # type: ignore[arg-type]
-        return norm, passes
-
-    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
-        return self._programs()[1][0]
-
-    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
-        norm, modes = self._programs()
-        return [(norm, 1), *((m, iterations) for m in modes)]
+            passes.append(Pass(f"mode{mode}", "fit", {"M": mttkrp_program(X, mode, factors)},  # type: ignore[arg-type]
+                               EACH_ITERATION))
+        return StagePlan(tuple(passes))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         F = self.params.rank
@@ -148,18 +152,19 @@ class CPALS(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         shape = self.arrays["X"].shape
-        norm_program, passes = self._programs()
+        plan = self.stages(ctx.session.options.cluster.workers)
+        norm_program = plan["norm"]
         factors = random_factors(shape, p.rank, p.seed)
         with ctx.metrics.stage("load"):
             ctx.session.load(norm_program)
             norm_x = float(np.sqrt(ctx.session.compute(norm_program)["norm_sq"]))
         fit, previous_error, iterations = 0.0, None, 0
-        with ctx.metrics.stage("fit"):
+        with ctx.metrics.stage(plan.stage_of("mode0")):
             for iterations in range(1, p.max_iter + 1):  # noqa: B007
                 for mode in range(3):
                     names = MODES[mode][1]
                     others = [factors["ABC".index(n)] for n in names]
-                    M = ctx.session.compute(passes[mode], dict(zip(names, others, strict=True)))["M"]
+                    M = ctx.session.compute(plan[f"mode{mode}"], dict(zip(names, others, strict=True)))["M"]
                     gram = (others[0].T @ others[0]) * (others[1].T @ others[1])
                     factors[mode] = np.linalg.solve(gram.T, M.T).T
                 # ‖X̂‖² = 1ᵀ(AᵀA ∗ BᵀB ∗ CᵀC)1 and ⟨X, X̂⟩ = Σ A ∗ M₀ (M of the last mode, before its update)

@@ -43,7 +43,7 @@ from scipy.linalg.blas import dtrsm
 
 from arrayjob import lazy as la
 from arrayjob.io.locations import StorageCounters
-from arrayjob.jobs.base import Job, JobContext, JobResult, require, require_numeric
+from arrayjob.jobs.base import Job, JobContext, JobResult, Pass, StagePlan, require, require_numeric
 from arrayjob.planner.cost import qr_flops
 from arrayjob.planner.physical import Kernel
 from arrayjob.planner.tiling import row_grid
@@ -237,7 +237,6 @@ class TSQR(Job):
     title = "TSQR"
     inputs = ("A",)
     Params = TSQRParams
-    compute_stage = "factor"
 
     def check_inputs(self) -> None:
         A = self.arrays["A"]
@@ -250,25 +249,25 @@ class TSQR(Job):
         A = self.arrays["A"]
         return f"{self.title} of A {A.shape[0]:,} × {A.shape[1]:,}"
 
-    def program(self, workers: int = 2) -> dict[str, la.BlockArray]:
-        """The pass that forms Q: CholeskyQR2's second and third (given R₁), or Householder TSQR."""
+    def stages(self, workers: int, fallback: bool = False) -> StagePlan:
+        """CholeskyQR2: the Gram pass (``grams``), then the pass that forms Q (``q``, given
+        R₁). Householder TSQR in one pass (``householder``): the method asked for, or, with
+        ``fallback``, after the Gram pass when A failed the condition check. An estimate
+        assumes A passes it (the fallback costs about 2.5 times the work)."""
         A = la.from_zarr(self.arrays["A"])
         rows = block_rows_for(self, "A", workers)
-        if self.params.method == "householder":
+        if self.params.method == "householder" or fallback:
             q, r = tsqr_program(A, rows, with_q=True)
             assert q is not None
-            return {"Q": q, "R": r}
+            householder = Pass("householder", "factor", {"Q": q, "R": r})
+            if self.params.method == "householder":
+                return StagePlan((householder,))
+        grams = Pass("grams", "factor", {"grams": gram_program(A, rows)})
+        if fallback:
+            return StagePlan((grams, householder))
         d = A.shape[1]
         q, r2 = cholesky_qr2_program(A, la.value(R1, (d, d)), rows)
-        return {"Q": q, "R2": r2}
-
-    def passes(self, iterations: int, workers: int) -> list[tuple[dict[str, la.BlockArray], int]]:
-        """CholeskyQR2's Gram pass, then the pass that forms Q (the estimate assumes A passes
-        the condition check; a fallback to Householder costs about 2.5 times the work)."""
-        if self.params.method == "householder":
-            return [(self.program(workers), 1)]
-        grams = gram_program(la.from_zarr(self.arrays["A"]), block_rows_for(self, "A", workers))
-        return [({"grams": grams}, 1), (self.program(workers), 1)]
+        return StagePlan((grams, Pass("q", "factor", {"Q": q, "R2": r2})))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         A = self.arrays["A"]
@@ -278,26 +277,26 @@ class TSQR(Job):
         A = self.arrays["A"]
         n, d = A.shape
         workers = ctx.session.options.cluster.workers
-        rows = block_rows_for(self, "A", workers)
         target = ctx.result.create_array("Q", shape=(n, d), chunks=(A.chunks[0], d), dtype="float64")
-        stored = la.from_zarr(A)
-        q_h, r_h = tsqr_program(stored, rows, with_q=True)
-        assert q_h is not None
-        householder = {"written": la.store(q_h, target, ctx.storage), "R": r_h}
+
+        def writing_q(program: dict[str, la.BlockArray]) -> dict[str, la.BlockArray]:
+            """The workers write Q into ``target``; the rest comes back to the driver."""
+            return {"written": la.store(program.pop("Q"), target, ctx.storage), **program}
+
+        plan = self.stages(workers)
         auto = self.params.method == "auto"
-        first = {"grams": gram_program(stored, rows)} if auto else householder
+        first = plan["grams"] if auto else writing_q(plan["householder"])
         with ctx.metrics.stage("load"):
             ctx.session.load(first)
-        with ctx.metrics.stage(self.compute_stage):
+        with ctx.metrics.stage(plan.passes[0].stage):
             r1 = cholesky_upper(sum_grams(ctx.session.compute(first)["grams"])) if auto else None
             if r1 is not None:
-                program = self.program(workers)
-                r = ctx.session.compute({"written": la.store(program["Q"], target, ctx.storage), "R2": program["R2"]},
-                                        {R1: r1})
+                r = ctx.session.compute(writing_q(plan["q"]), {R1: r1})
                 R = np.triu(r["R2"] @ r1)
                 how = "CholeskyQR2"
             else:  # A's blocks are loaded already when the check sent us here
-                r = ctx.session.compute(householder)
+                r = ctx.session.compute(writing_q(self.stages(workers, fallback=True)["householder"]) if auto
+                                        else first)
                 R = np.triu(r["R"])
                 how = "Householder TSQR" if not auto else \
                     f"Householder TSQR (cond(A) above {COND_LIMIT:.0e}, too high for CholeskyQR2)"

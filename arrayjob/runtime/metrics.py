@@ -55,6 +55,11 @@ class RunMetrics:
             stage.wall_seconds = time.perf_counter() - start
             self._current = outer
 
+    @property
+    def current_stage(self) -> str | None:
+        """The name of the stage being timed now, if any."""
+        return self._current.name if self._current is not None else None
+
     def count_tasks(self, n: int) -> None:
         self.tasks += n
         if self._current is not None:

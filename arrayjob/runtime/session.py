@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from arrayjob.planner.pipeline import Planner
 from arrayjob.planner.plan import Plan, PlanOptions
 from arrayjob.runtime.executor import Executor
 
+if TYPE_CHECKING:
+    from arrayjob.planner.ir import Graph
+
 _handles = itertools.count()
 
 
@@ -24,11 +27,14 @@ class Session:
     """Plans and runs programs on one executor, with one set of planner options."""
 
     def __init__(self, executor: Executor, options: PlanOptions | None = None,
-                 planner: Planner | None = None) -> None:
+                 planner: Planner | None = None, on_run: Callable[[str, Graph], None] | None = None) -> None:
         self.executor = executor
         self.options = options or PlanOptions()
         self.planner = planner or Planner()
         self.planning_seconds: list[float] = []
+        # told of every program as it runs: ("load" | "persist" | "compute", its graph);
+        # tests check a job's runs against its declared stages with it
+        self.on_run = on_run
 
     def plan(self, outputs: Mapping[str, BlockArray]) -> Plan:
         start = time.perf_counter()
@@ -40,18 +46,24 @@ class Session:
         """Read the stored blocks the program uses now (they stay for later computes)."""
         plan = self.plan(outputs)
         assert plan.physical is not None
+        if self.on_run:
+            self.on_run("load", plan.graph)
         self.executor.load(plan.physical)
 
     def persist(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None,
-                ) -> dict[str, BlockArray]:
-        """Compute ``outputs`` and keep their blocks where they are; returns lazy arrays of them.
+                handle: str | None = None) -> dict[str, BlockArray]:
+        """Compute ``outputs`` and keep their blocks where they are; returns lazy arrays of them,
+        named ``<handle>:<output>`` (a fresh handle unless given: a job that declares the
+        programs reading them names it).
 
         Later programs use the kept blocks without recomputing them (e.g. PageRank's graph,
         built once and multiplied every iteration). ``release`` frees them.
         """
         plan = self.plan(outputs)
         assert plan.physical is not None
-        handle = f"persist-{next(_handles)}"
+        handle = handle or f"persist-{next(_handles)}"
+        if self.on_run:
+            self.on_run("persist", plan.graph)
         values = {**bound_values(list(outputs.values())), **(values or {})}
         self.executor.keep(plan.physical, self._bind(plan, values), handle)
         kept: dict[str, BlockArray] = {}
@@ -88,5 +100,7 @@ class Session:
         plan = self.plan(outputs)
         assert plan.physical is not None
         values = {**bound_values(list(outputs.values())), **(values or {})}
+        if self.on_run:
+            self.on_run("compute", plan.graph)
         results = self.executor.run(plan.physical, self._bind(plan, values))
         return dict(zip(outputs, assemble_outputs(plan, results), strict=True))
