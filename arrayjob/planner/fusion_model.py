@@ -35,6 +35,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from arrayjob.planner.legality import doubled_axis_problem, partial_problem
 from arrayjob.planner.ops import ELEMENTWISE, Einsum, Map, Op, Reduce, combine_of
 from arrayjob.planner.plan import Plan
 from arrayjob.planner.reduction import tree_size
@@ -211,24 +212,24 @@ class Fuser:
     def _problem(self, nodes: list[int], external: tuple[int, ...], outputs: tuple[int, ...],
                  space: dict[int, int], dep: dict[int, frozenset[int]]) -> str | None:
         g, facts = self.graph, self.facts
-        for v in (*nodes, *external):
-            if facts[v].doubled & space.keys():
-                return f"node {v} ({g.nodes[v].label()}) has two axes of a cut class"
-        is_output = set(outputs)
-        partial: set[int] = set()
+
+        def label(v: int) -> str:
+            return g.nodes[v].label()
+
+        def is_partial(v: int) -> bool:
+            return bool(dep[v] - facts[v].own_set)
+
+        problem = doubled_axis_problem((*nodes, *external), lambda v: facts[v].doubled, space.keys(), label) \
+            or partial_problem(nodes, lambda v: facts[v].inputs, is_partial, lambda v: facts[v].combinable,
+                               outputs, label)
+        if problem:
+            return problem
+        # The fusion model's own, stricter rule: lowering can run a partial result that is
+        # the same in every block of a class it does not use (it combines one copy), but
+        # such a kernel does the same work once per block of that class: not fused.
         for v in nodes:
-            f = facts[v]
-            for u in f.inputs:
-                if u in partial:
-                    return f"node {v} ({g.nodes[v].label()}) uses partial result {u}"
-            if dep[v] - f.own_set:
-                partial.add(v)
-                if not f.combinable:
-                    return f"node {v} ({g.nodes[v].label()}) cannot combine partials"
-                if v not in is_output:
-                    return f"partial node {v} ({g.nodes[v].label()}) must be an output"
-                if space.keys() - dep[v] - f.cut.keys():
-                    return f"partial node {v} ({g.nodes[v].label()}) would be summed over a class it doesn't use"
+            if is_partial(v) and space.keys() - dep[v] - facts[v].cut.keys():
+                return f"partial node {v} ({label(v)}) would be summed over a class it doesn't use"
         for v in outputs:
             n = g.nodes[v]
             for a, c in enumerate(facts[v].own):

@@ -19,6 +19,7 @@ import numpy as np
 
 from arrayjob.planner import ops
 from arrayjob.planner.ir import Graph, blockwise_call
+from arrayjob.planner.legality import doubled_axis_problem, partial_problem
 from arrayjob.planner.ops import Op, combine_of
 from arrayjob.planner.physical import (
     Arg,
@@ -163,12 +164,16 @@ class _Lowering:
                 for c, a in self.part_classes(u).items():
                     if c not in own:
                         space.setdefault(c, self.grids[u].grid_shape[a])
-        for v in (*kernel.nodes, *external):
-            n = g.nodes[v]
-            cls = classes.of_node(v, n.ndim)
-            for c in space:
-                if cls.count(c) > 1:
-                    raise ValueError(f"node {v} ({n.label()}) has two axes of a cut class; it cannot be cut")
+        def label(v: int) -> str:
+            return g.nodes[v].label()
+
+        def doubled(v: int) -> set[int]:
+            cls = classes.of_node(v, g.nodes[v].ndim)
+            return {c for c in cls if cls.count(c) > 1}
+
+        problem = doubled_axis_problem((*kernel.nodes, *external), doubled, space, label)
+        if problem:
+            raise ValueError(f"kernel {kernel.name}: {problem}; it cannot be cut")
         lengths = dict(self.plan.block_lengths)
 
         # dependency of each node on the iteration classes, and which are partial
@@ -179,16 +184,13 @@ class _Lowering:
         for v in kernel.nodes:
             n = g.nodes[v]
             d = set().union(*(dep.get(u, set()) for u in n.inputs)) if n.inputs else set()
-            for u in n.inputs:
-                if u in partial and partial[u]:
-                    raise ValueError(f"kernel {kernel.name}: node {v} ({n.label()}) uses partial result {u}")
-            own = set(classes.of_node(v, n.ndim))
             dep[v] = d
-            partial[v] = d - own
-            if partial[v] and combine_of(n.op, n.attrs) is None:
-                raise ValueError(f"kernel {kernel.name}: node {v} ({n.label()}) cannot combine partials")
-            if partial[v] and v not in kernel.outputs:
-                raise ValueError(f"kernel {kernel.name}: partial node {v} ({n.label()}) must be an output")
+            partial[v] = d - set(classes.of_node(v, n.ndim))
+        problem = partial_problem(kernel.nodes, lambda v: g.nodes[v].inputs, lambda v: bool(partial[v]),
+                                  lambda v: combine_of(g.nodes[v].op, g.nodes[v].attrs) is not None,
+                                  kernel.outputs, label)
+        if problem:
+            raise ValueError(f"kernel {kernel.name}: {problem}")
 
         own_cut = {v: set(self.part_classes(v)) for v in kernel.outputs}
         block_kernel = self.block_kernel(kernel, external)
