@@ -80,3 +80,17 @@ def _quiet_s3_server_log() -> None:
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+@pytest.fixture
+def put(tmp_path):
+    """Write ``data`` as a Zarr array under ``tmp_path``; returns its ``ArrayInfo``."""
+    from arrayjob.io.arrays import open_array_info
+    from arrayjob.io.locations import StorageOptions, parse_uri
+    from tests.helpers import write_array
+
+    def put(name, data, chunks):
+        write_array(str(tmp_path / f"{name}.zarr"), data, chunks)
+        return open_array_info(name, parse_uri(str(tmp_path / f"{name}.zarr")), StorageOptions())
+
+    return put

@@ -16,7 +16,7 @@ from tensorly.decomposition import parafac
 from tensorly.tenalg import unfolding_dot_khatri_rao
 
 from arrayjob.errors import InputError, SpecError
-from arrayjob.io.arrays import ResultGroup, open_array_info
+from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import JobContext
@@ -25,18 +25,10 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
 from arrayjob.spec import table_to_dataclass
-from tests.helpers import write_array
 
 PLANNER = {"tiling": "naive", "fusion": "none", "placement": "roundrobin"}
 
 
-@pytest.fixture
-def put(tmp_path):
-    def put(name, data, chunks):
-        write_array(str(tmp_path / f"{name}.zarr"), data, chunks)
-        return open_array_info(name, parse_uri(str(tmp_path / f"{name}.zarr")), StorageOptions())
-
-    return put
 
 
 def run_job(algorithm, arrays, result=None, session=None, **params):

@@ -24,7 +24,7 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
 from arrayjob.spec import table_to_dataclass
-from tests.helpers import logreg_data, write_array
+from tests.helpers import logreg_data
 
 CLUSTER = ClusterShape(nodes=2, workers_per_node=2)
 
@@ -70,13 +70,6 @@ def assert_ran_as_declared(declared: StagePlan, ran, iterations: int) -> None:
         {("load", p.name) for p in declared.passes}
 
 
-@pytest.fixture
-def put(tmp_path):
-    def put(name, data, chunks):
-        write_array(str(tmp_path / f"{name}.zarr"), data, chunks)
-        return open_array_info(name, parse_uri(str(tmp_path / f"{name}.zarr")), StorageOptions())
-
-    return put
 
 
 def make_job(algorithm, arrays, **params):
