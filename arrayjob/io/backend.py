@@ -128,6 +128,10 @@ class StorageBackend(ABC):
     def delete(self, prefix: str = "") -> None:
         """Delete the object ``prefix`` and every object under ``prefix/``; nothing there is fine."""
 
+    def prune(self) -> None:  # noqa: B027 - a no-op where storage has no directories
+        """Remove the empty directories under the location, itself included, that deletes
+        left behind (a filesystem's; an object store has none). Never removes an object."""
+
 
 def backend_for(location: Location, options: StorageOptions) -> StorageBackend:
     """The backend of ``location``'s storage system, rooted at ``location``."""
