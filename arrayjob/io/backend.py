@@ -3,7 +3,7 @@
 A backend is rooted at a ``Location`` (a directory or an S3 prefix). It opens Zarr stores
 there, each wrapped in a ``CountingStore`` so that bytes and requests are counted in the
 process that makes them, and moves whole objects by key: ``"report.json"``,
-``"_staging/<run>/result.zarr/zarr.json"``; the empty key is the location itself.
+``"runs/<run id>/result.zarr/zarr.json"``; the empty key is the location itself.
 
 Whole-object operations fail with ``OSError``: ``FileNotFoundError`` for a missing
 object, ``FileExistsError`` when an exclusive write finds one. The concrete backends are
