@@ -59,8 +59,14 @@ class LocalBackend(StorageBackend):
         found: dict[str, int] = {}
         for directory, _, files in os.walk(root):
             for name in files:
+                if name.startswith(".tmp-"):
+                    continue  # a write in flight (write_bytes), not an object yet
                 path = os.path.join(directory, name)
-                found[os.path.relpath(path, self.location.path).replace(os.sep, "/")] = os.path.getsize(path)
+                try:
+                    size = os.path.getsize(path)
+                except FileNotFoundError:
+                    continue  # deleted since the directory was read
+                found[os.path.relpath(path, self.location.path).replace(os.sep, "/")] = size
         return dict(sorted(found.items()))
 
     def move(self, moves: Iterable[tuple[str, str]]) -> int:
