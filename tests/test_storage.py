@@ -73,6 +73,8 @@ class TestStorageBackend:
         assert {f["path"] for f in manifest["files"]} >= {"report.json", "result.zarr/zarr.json"}
         assert manifest["prefix"] == f"runs/{out.run_id}"
         assert published(parse_uri(f"{base}/out"), options) == out.staging
+        out.abandon()  # a failure after publishing (cleaning up, the report) keeps what _SUCCESS names
+        assert out.backend.list(f"runs/{out.run_id}")
         done = JobOutput(parse_uri(f"{base}/out"), options, "digest-1").check_rerun(overwrite=False)
         assert done is not None and done.manifest["run_id"] == out.run_id
         with pytest.raises(SpecError, match="holds a complete result of a different spec"):

@@ -80,6 +80,7 @@ class JobOutput:
         self.counters = StorageCounters()
         self.backend = backend_for(location, options)
         self.lease = Lease(self.backend, self.run_id)
+        self._published = False
         self._seen: tuple[str | None] | None = None  # (run published when check_rerun looked,)
 
     def completed(self) -> Completed | None:
@@ -173,9 +174,11 @@ class JobOutput:
             }
             self.lease.check()
             self._put(SUCCESS, json.dumps(manifest, indent=2).encode() + b"\n")
-            self._remove_replaced(previous)
         except OSError as exc:
             raise StorageError(f"output: publishing {self.location} failed: {exc}") from None
+        self._published = True
+        with contextlib.suppress(OSError):  # published: what is left over, the next publish removes
+            self._remove_replaced(previous)
         return manifest
 
     def _remove_replaced(self, previous: Completed | None) -> None:
@@ -193,6 +196,9 @@ class JobOutput:
         backend.prune()
 
     def abandon(self) -> None:
-        """After a failed run: remove this run's prefix (nothing of it was published)."""
-        with contextlib.suppress(OSError):  # best effort: the next publishing run removes it
+        """After a failed run: remove this run's prefix, unless ``_SUCCESS`` already names it."""
+        with contextlib.suppress(OSError, StorageError):  # best effort: the next publish removes it
+            # a _SUCCESS write that failed on the client may still have reached the storage
+            if self._published or (self.completed() or Completed({})).manifest.get("run_id") == self.run_id:
+                return
             self.backend.delete(self._staged)
