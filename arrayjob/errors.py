@@ -7,6 +7,7 @@ Exit codes (documented in README.md):
   3  the estimated cost exceeds --max-cost
   4  storage failure while running (output not writable, a request failed after retries)
   5  the Ray cluster could not be reached or started
+  6  another live run holds the output's lease (with --no-wait), or took it over from this run
   130 interrupted
 """
 
@@ -43,3 +44,10 @@ class StorageError(ArrayJobError):
 
 class ClusterError(ArrayJobError):
     exit_code = 5
+
+
+class LeaseHeldError(ArrayJobError):
+    """Another live run holds the output: it is writing it now (``run --no-wait``), or it took
+    the output over from this run after this run's heartbeat lapsed (nothing was published)."""
+
+    exit_code = 6

@@ -7,6 +7,7 @@ everything is written (see ``io.output``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,7 +74,10 @@ def prepare(spec: JobSpec) -> Job:
     return get_job(spec.algorithm)(spec.params, open_inputs(spec), spec.storage)
 
 
-def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local") -> RunOutcome:
+def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local", wait: bool = True,
+        notify: Callable[[str], None] = lambda line: None) -> RunOutcome:
+    """Run ``spec`` and publish its output. Another run holding the output is waited for (or,
+    unless ``wait``, ``LeaseHeldError``); waiting and takeovers are told to ``notify``."""
     started = time.perf_counter()
     metrics = RunMetrics()
     with metrics.stage("validate"):
@@ -84,6 +88,11 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local")
         instance = prices.instance(instance_type)
     if done is not None:
         return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
+    waiting = time.perf_counter()
+    done = output.take(overwrite=overwrite, wait=wait, notify=notify)
+    if done is not None:
+        return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
+    started += time.perf_counter() - waiting  # time spent waiting for another run is not this run's
 
     try:
         with ExitStack() as stack:
@@ -113,5 +122,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local")
     except BaseException:
         output.abandon()
         raise
+    finally:
+        output.release()
     return RunOutcome(spec, skipped=False, manifest=manifest, report=report, result=result,
                       description=job.describe())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,21 @@ def write_array(uri: str, data: np.ndarray, chunks: tuple[int, ...], *, endpoint
 
 def read_group(uri: str, endpoint: str | None = None) -> zarr.Group:
     return zarr.open_group(uri, mode="r", storage_options=storage_options(uri, endpoint))
+
+
+def published(output: str, endpoint: str | None = None) -> str:
+    """The URI of the published run under ``output``, found as a reader does: read ``_SUCCESS``,
+    take the prefix it names."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(output, **(storage_options(output, endpoint) or {}))
+    manifest = json.loads(fs.cat_file(f"{root}/_SUCCESS"))
+    return f"{output.rstrip('/')}/{manifest['prefix']}"
+
+
+def read_result(output: str, endpoint: str | None = None) -> zarr.Group:
+    """The published ``result.zarr`` of the output prefix ``output``."""
+    return read_group(f"{published(output, endpoint)}/result.zarr", endpoint)
 
 
 def logreg_data(n: int = 3000, d: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import read_group
+from tests.helpers import published, read_group
 
 REPO = Path(__file__).resolve().parents[1]
 ARRAYJOB = shutil.which("arrayjob", path=str(Path(sys.executable).parent)) or "arrayjob"
@@ -32,8 +32,9 @@ def test_demo_spec_runs_on_s3_with_its_own_ray(s3_endpoint, s3_bucket, tmp_path)
     assert run.returncode == 0, run.stderr
     assert run.stderr == ""  # a quiet local Ray: no start-up noise
     assert "logreg-demo: logistic regression (lbfgs) on X 20,000 × 8" in run.stdout
-    assert f"result: s3://{s3_bucket}/results/logreg-demo/result.zarr" in run.stdout
-    group = read_group(f"s3://{s3_bucket}/results/logreg-demo/result.zarr", s3_endpoint)
+    run_prefix = published(f"s3://{s3_bucket}/results/logreg-demo", s3_endpoint)
+    assert f"result: {run_prefix}/result.zarr" in run.stdout
+    group = read_group(f"{run_prefix}/result.zarr", s3_endpoint)
     assert group["coef"].shape == (8,) and group.attrs["converged"] is True
 
     again = arrayjob("run", str(REPO / "configs/logreg.toml"), "--json", env=env, cwd=tmp_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import read_group, run_cli
+from tests.helpers import read_result, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,5 +53,5 @@ def test_config_runs_on_demo_data(algorithm, bucket, monkeypatch, capsys):
         planned = {s["name"]: s["tasks.count"] for s in report["estimate"]["stages"] if s["name"] != "shutdown"}
         assert {s["name"]: s["tasks"] for s in report["stages"] if s["name"] != "validate"} == planned
     name = CONFIG_NAME.get(algorithm, algorithm)
-    group = read_group(f"{base}/results/{name}-demo/result.zarr", endpoint)
+    group = read_result(f"{base}/results/{name}-demo", endpoint)
     assert set(group.array_keys()) == arrays

@@ -15,7 +15,15 @@ from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
-from tests.helpers import logreg_data, read_group, run_cli, write_array, write_spec
+from tests.helpers import (
+    logreg_data,
+    published,
+    read_group,
+    read_result,
+    run_cli,
+    write_array,
+    write_spec,
+)
 
 PLANNER = {"tiling": "naive", "fusion": "none", "placement": "roundrobin"}
 
@@ -112,9 +120,10 @@ def test_run_matches_sklearn_end_to_end(bucket, workdir, capsys, solver):
                       storage=storage)
     code, out, err = run_cli(["run", str(spec)], capsys)
     assert (code, err) == (0, "")
-    assert "converged in" in out and f"{base}/out/result.zarr" in out
+    run_prefix = published(f"{base}/out", endpoint)
+    assert "converged in" in out and f"{run_prefix}/result.zarr" in out
 
-    group = read_group(f"{base}/out/result.zarr", endpoint)
+    group = read_group(f"{run_prefix}/result.zarr", endpoint)
     coef, intercept = group["coef"][:], group["intercept"][:]
     assert coef.shape == (8,) and intercept.shape == (1,)
     ref_coef, ref_intercept = sklearn_fit(X, y, l2, True)
@@ -127,7 +136,7 @@ def test_run_matches_sklearn_end_to_end(bucket, workdir, capsys, solver):
 
     fs, root = fsspec.core.url_to_fs(f"{base}/out", **({"endpoint_url": endpoint} if endpoint else {}))
     manifest = json.loads(fs.cat(f"{root}/_SUCCESS"))
-    report = json.loads(fs.cat(f"{root}/report.json"))
+    report = json.loads(fs.cat(f"{root}/{manifest['prefix']}/report.json"))
     assert {f["path"] for f in manifest["files"]} >= {"report.json", "result.zarr/zarr.json"}
     assert [s["name"] for s in report["stages"]] == ["validate", "connect", "load", "fit", "write"]
     # Every block of X and y is read from storage exactly once, however many iterations ran.
@@ -155,7 +164,9 @@ def test_json_report_and_overwrite(workdir, capsys):
     assert code == 0 and report["result"]["converged"] and report["tasks"]["count"] > 0
     code, out, _ = run_cli(["run", str(spec), "--overwrite", "--set", "params.l2=0.5", "--json"], capsys)
     assert code == 0 and json.loads(out)["spec"]["params"]["l2"] == 0.5
-    assert read_group("out/result.zarr").attrs["objective"] != report["result"]["objective"]
+    assert read_result("out").attrs["objective"] != report["result"]["objective"]
+    # the replaced run's prefix is removed once the new one is published
+    assert [f"out/runs/{p.name}" for p in (workdir / "out/runs").iterdir()] == [published("out")]
 
 
 @pytest.mark.ray
@@ -172,7 +183,7 @@ def test_failure_after_writing_leaves_no_success_and_rerun_recovers(workdir, cap
     staged = []
 
     def fail(self, name, document):
-        staged.extend((workdir / "out/_staging").glob("*/result.zarr/coef"))
+        staged.extend((workdir / "out/runs").glob("*/result.zarr/coef"))
         raise StorageError("output: writing report.json failed: disk full (injected)")
 
     with monkeypatch.context() as patch:
@@ -184,7 +195,7 @@ def test_failure_after_writing_leaves_no_success_and_rerun_recovers(workdir, cap
 
     code, out, _ = run_cli(["run", str(spec)], capsys)
     assert code == 0 and (workdir / "out/_SUCCESS").exists()
-    assert not (workdir / "out/_staging").exists()
+    assert len(list((workdir / "out/runs").iterdir())) == 1 and not (workdir / "out/_lease").exists()
 
 
 BAD_DATA = [

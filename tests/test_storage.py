@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import zarr
 
-from arrayjob.errors import InputError, SpecError
+from arrayjob.errors import InputError, LeaseHeldError, SpecError
 from arrayjob.io.arrays import open_array_info, read_block, write_group
 from arrayjob.io.locations import Location, StorageOptions, parse_uri
-from arrayjob.io.output import JobOutput
+from arrayjob.io.output import JobOutput, published
 from tests.helpers import write_array
 
 
@@ -64,11 +64,17 @@ class TestStorageBackend:
         base, options, _ = backend
         out = JobOutput(parse_uri(f"{base}/out"), options, "digest-1")
         assert out.completed() is None
+        assert out.take(overwrite=False) is None
         write_group(out.staging.join("result.zarr"), options, {"a": np.ones(3)}, {})
         out.write_json("report.json", {"x": 1})
         assert out.completed() is None  # staged, not published
         manifest = out.commit()
+        out.release()
         assert {f["path"] for f in manifest["files"]} >= {"report.json", "result.zarr/zarr.json"}
+        assert manifest["prefix"] == f"runs/{out.run_id}"
+        assert published(parse_uri(f"{base}/out"), options) == out.staging
+        out.abandon()  # a failure after publishing (cleaning up, the report) keeps what _SUCCESS names
+        assert out.backend.list(f"runs/{out.run_id}")
         done = JobOutput(parse_uri(f"{base}/out"), options, "digest-1").check_rerun(overwrite=False)
         assert done is not None and done.manifest["run_id"] == out.run_id
         with pytest.raises(SpecError, match="holds a complete result of a different spec"):
@@ -76,15 +82,45 @@ class TestStorageBackend:
 
     def test_overwrite_replaces_and_leaves_no_staging(self, backend):
         base, options, _ = backend
+        dead = JobOutput(parse_uri(f"{base}/out"), options, "d")  # a run that died while writing
+        dead.write_json("report.json", {"value": 0.0})
         for value in (1.0, 2.0):
             out = JobOutput(parse_uri(f"{base}/out"), options, "d")
+            assert out.take(overwrite=True) is None
             write_group(out.staging.join("result.zarr"), options, {"a": np.full(2, value)}, {})
             out.write_json("report.json", {"value": value})
             out.commit()
+            out.release()
         backend = out.backend
-        assert json.loads(backend.read_bytes("report.json")) == {"value": 2.0}
-        assert not backend.list("_staging")
+        assert json.loads(backend.read_bytes(f"runs/{out.run_id}/report.json")) == {"value": 2.0}
+        assert {key.split("/")[0] for key in backend.list()} == {"_SUCCESS", "runs"}  # no lease left
+        assert {key.split("/")[1] for key in backend.list("runs")} == {out.run_id}
         assert json.loads(backend.read_bytes("_SUCCESS"))["run_id"] == out.run_id
+
+    def test_commit_needs_the_lease(self, backend):
+        base, options, _ = backend
+        out = JobOutput(parse_uri(f"{base}/out"), options, "d")
+        out.write_json("report.json", {})
+        with pytest.raises(LeaseHeldError, match="holds no lease"):
+            out.commit()
+        assert out.completed() is None
+
+    def test_a_layout_before_runs_is_replaced(self, backend):
+        """An output published by an older arrayjob (files at the top, no "prefix") stays
+        readable, and the first run in the new layout removes the old files."""
+        base, options, _ = backend
+        location = parse_uri(f"{base}/out")
+        old = JobOutput(location, options, "d").backend
+        old.write_bytes("report.json", b"{}")
+        old.write_bytes("_SUCCESS", json.dumps({"run_id": "old", "spec_sha256": "d",
+                                                "files": [{"path": "report.json", "bytes": 2}]}).encode())
+        assert published(location, options) == location
+        out = JobOutput(location, options, "d")
+        assert out.take(overwrite=True) is None
+        out.write_json("report.json", {"new": True})
+        out.commit()
+        out.release()
+        assert set(old.list()) == {"_SUCCESS", f"runs/{out.run_id}/report.json"}
 
 
 def test_objects_by_full_path_as_calibrate_uses_them(backend):

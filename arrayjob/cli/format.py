@@ -59,7 +59,8 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
         f"{r['tasks']['count']:,} tasks on {r['cluster']['nodes']} node(s), {r['cluster']['cpus']} CPUs",
-        f"  result: {spec.output}/result.zarr (run {outcome.manifest['run_id']}); report.json, report.html",
+        f"  result: {spec.output.join(outcome.manifest['prefix'])}/result.zarr (run {outcome.manifest['run_id']}); "
+        "report.json, report.html beside it",
         figures(r, table=table),
     ]
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -31,19 +32,26 @@ class LocalBackend(StorageBackend):
 
     def write_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
         path = self._path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if exclusive:
-            with open(path, "xb") as f:  # O_EXCL: of two creators, one gets FileExistsError
-                f.write(data)
-            return
-        # written beside the target, then renamed over it: readers never see a partial file
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+        for attempt in range(3):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                # written beside the target, then put in place whole: readers never see a part
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+                break
+            except FileNotFoundError:  # another process pruned the empty directory just now
+                if attempt == 2:
+                    raise
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, path)
+            if exclusive:
+                os.link(tmp, path)  # fails if path exists: of two creators, one gets FileExistsError
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
         except BaseException:
-            os.unlink(tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
             raise
 
     def list(self, prefix: str = "") -> dict[str, int]:
@@ -51,8 +59,14 @@ class LocalBackend(StorageBackend):
         found: dict[str, int] = {}
         for directory, _, files in os.walk(root):
             for name in files:
+                if name.startswith(".tmp-"):
+                    continue  # a write in flight (write_bytes), not an object yet
                 path = os.path.join(directory, name)
-                found[os.path.relpath(path, self.location.path).replace(os.sep, "/")] = os.path.getsize(path)
+                try:
+                    size = os.path.getsize(path)
+                except FileNotFoundError:
+                    continue  # deleted since the directory was read
+                found[os.path.relpath(path, self.location.path).replace(os.sep, "/")] = size
         return dict(sorted(found.items()))
 
     def move(self, moves: Iterable[tuple[str, str]]) -> int:
@@ -68,3 +82,9 @@ class LocalBackend(StorageBackend):
             shutil.rmtree(path)
         elif os.path.lexists(path):
             os.unlink(path)
+
+    def prune(self) -> None:
+        # bottom-up; rmdir refuses a directory another process has just written into
+        for directory, _, _ in os.walk(self.location.path, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)

@@ -3,7 +3,7 @@
 A backend is rooted at a ``Location`` (a directory or an S3 prefix). It opens Zarr stores
 there, each wrapped in a ``CountingStore`` so that bytes and requests are counted in the
 process that makes them, and moves whole objects by key: ``"report.json"``,
-``"_staging/<run>/result.zarr/zarr.json"``; the empty key is the location itself.
+``"runs/<run id>/result.zarr/zarr.json"``; the empty key is the location itself.
 
 Whole-object operations fail with ``OSError``: ``FileNotFoundError`` for a missing
 object, ``FileExistsError`` when an exclusive write finds one. The concrete backends are
@@ -127,6 +127,10 @@ class StorageBackend(ABC):
     @abstractmethod
     def delete(self, prefix: str = "") -> None:
         """Delete the object ``prefix`` and every object under ``prefix/``; nothing there is fine."""
+
+    def prune(self) -> None:  # noqa: B027 - a no-op where storage has no directories
+        """Remove the empty directories under the location, itself included, that deletes
+        left behind (a filesystem's; an object store has none). Never removes an object."""
 
 
 def backend_for(location: Location, options: StorageOptions) -> StorageBackend:

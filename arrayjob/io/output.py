@@ -1,28 +1,39 @@
-"""Nothing is published until it is complete.
+"""One output, one publisher; nothing is published until it is complete.
 
-A run writes everything under ``<output>/_staging/<run_id>/``, then publishes: the staged
-files are moved into ``<output>/`` (``StorageBackend.move``: a rename on local disk,
-server-side copies on S3) and
-``<output>/_SUCCESS``, a JSON manifest, is written last. A reader that sees ``_SUCCESS``
-sees a complete result; a run that dies before it leaves only a staging prefix, which
-the next run of the same output removes.
+The published layout of an output prefix::
+
+    <output>/_SUCCESS                       JSON manifest naming the current run: "prefix": "runs/<run id>"
+    <output>/runs/<run id>/result.zarr      that run's files: result.zarr, report.json, report.html
+    <output>/_lease/<epoch>                 only while a run holds the output (``io.lease``)
+
+A run first takes the output's lease (waiting while another live run holds it), then
+writes everything under its own ``runs/<run id>/`` and publishes by writing ``_SUCCESS``:
+one whole-object write, so a reader sees the old manifest or the new one, each naming a
+complete prefix. Only then are older runs' prefixes removed: those of the run it replaced
+and of dead runs (whoever holds the lease is the only live writer). A reader reads
+``_SUCCESS`` and opens the prefix it names (``published``); if a file it names has gone,
+the output was replaced meanwhile: read ``_SUCCESS`` again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from arrayjob import __version__
 from arrayjob.errors import SpecError, StorageError
-from arrayjob.io.backend import backend_for
+from arrayjob.io.backend import StorageBackend, backend_for
+from arrayjob.io.lease import LEASES, Lease
 from arrayjob.io.locations import Location, StorageCounters, StorageOptions
 
 SUCCESS = "_SUCCESS"
-STAGING = "_staging"
+RUNS = "runs"
+LEGACY_STAGING = "_staging"  # staging of the layout before runs/ (files published at the top)
 
 
 @dataclass(frozen=True)
@@ -31,27 +42,50 @@ class Completed:
 
     manifest: dict[str, Any]
 
+    @property
+    def prefix(self) -> str:
+        """Where the published files are, relative to the output ("" for the layout before runs/)."""
+        return str(self.manifest.get("prefix", ""))
+
+
+def read_manifest(backend: StorageBackend) -> Completed | None:
+    try:
+        return Completed(json.loads(backend.read_bytes(SUCCESS)))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"output.uri: cannot read {backend.location}/{SUCCESS}: {exc}") from None
+
+
+def published(location: Location, options: StorageOptions) -> Location | None:
+    """Where the complete result at ``location`` is (``<output>/runs/<run id>``), or None.
+
+    What every reader does: read ``_SUCCESS``, open the prefix it names.
+    """
+    done = read_manifest(backend_for(location, options))
+    if done is None:
+        return None
+    return location.join(done.prefix) if done.prefix else location
+
 
 class JobOutput:
-    """The output prefix of one job: its state, its staging area and its commit."""
+    """The output prefix of one job: its state, its lease, this run's prefix and the commit."""
 
     def __init__(self, location: Location, options: StorageOptions, spec_digest: str) -> None:
         self.location = location
         self.options = options
         self.spec_digest = spec_digest
         self.run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
-        self.staging = location.join(STAGING, self.run_id)
+        self.staging = location.join(RUNS, self.run_id)  # published when _SUCCESS names it
         self.counters = StorageCounters()
         self.backend = backend_for(location, options)
+        self.lease = Lease(self.backend, self.run_id)
+        self._published = False
+        self._seen: tuple[str | None] | None = None  # (run published when check_rerun looked,)
 
     def completed(self) -> Completed | None:
         """The manifest of a complete output here, or None."""
-        try:
-            return Completed(json.loads(self.backend.read_bytes(SUCCESS)))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise StorageError(f"output.uri: cannot read {self.location}/{SUCCESS}: {exc}") from None
+        return read_manifest(self.backend)
 
     def check_rerun(self, *, overwrite: bool) -> Completed | None:
         """The completed output this run would skip, or None if the run must go ahead.
@@ -60,6 +94,7 @@ class JobOutput:
         a different spec is an error unless ``overwrite``.
         """
         done = self.completed()
+        self._seen = (None if done is None else done.manifest.get("run_id"),)
         if done is None or overwrite:
             return None
         if done.manifest.get("spec_sha256") != self.spec_digest:
@@ -69,18 +104,50 @@ class JobOutput:
             )
         return done
 
+    def take(self, *, overwrite: bool, wait: bool = True,
+             notify: Callable[[str], None] = lambda line: None) -> Completed | None:
+        """Take the output's lease (see ``io.lease``), then look again: the completed output this
+        run now skips (the lease released), or None: the run goes ahead holding the lease.
+
+        A run that waited for another skips what that run published if the spec is the same,
+        ``overwrite`` or not: the output it was asked to replace has been replaced.
+        """
+        try:
+            self.lease.acquire(wait=wait, notify=notify)
+        except OSError as exc:
+            raise StorageError(f"output.uri: cannot take the lease on {self.location}: {exc}") from None
+        try:
+            done = self.completed()
+            fresh = done is not None and self._seen is not None and done.manifest.get("run_id") != self._seen[0]
+            if done is not None and fresh and done.manifest.get("spec_sha256") == self.spec_digest:
+                self.release()
+                return done
+            done = self.check_rerun(overwrite=overwrite)
+        except BaseException:
+            self.release()
+            raise
+        if done is not None:
+            self.release()
+        return done
+
+    def release(self) -> None:
+        """Give up the lease, and remove the output prefix if nothing is left in it."""
+        self.lease.release()
+        with contextlib.suppress(OSError):
+            self.backend.prune()
+
     def write_json(self, name: str, document: Any) -> None:
-        """Write a JSON document into the staging area."""
+        """Write a JSON document into this run's prefix."""
         data = json.dumps(document, indent=2, sort_keys=False).encode() + b"\n"
         self._put(f"{self._staged}/{name}", data)
 
     def write_text(self, name: str, text: str) -> None:
-        """Write a text file (e.g. report.html) into the staging area."""
+        """Write a text file (e.g. report.html) into this run's prefix."""
         self._put(f"{self._staged}/{name}", text.encode())
 
     @property
     def _staged(self) -> str:
-        return f"{STAGING}/{self.run_id}"
+        return f"{RUNS}/{self.run_id}"
 
     def _put(self, key: str, data: bytes) -> None:
         try:
@@ -91,37 +158,47 @@ class JobOutput:
         self.counters.bytes_written += len(data)
 
     def commit(self) -> dict[str, Any]:
-        """Publish the staged files and write ``_SUCCESS`` last; returns the manifest."""
+        """Publish this run's prefix by writing ``_SUCCESS`` (holding the lease, checked just
+        before), then remove what it replaced; returns the manifest."""
         backend = self.backend
         try:
             staged = backend.list(self._staged)
-            backend.delete(SUCCESS)  # unpublish before replacing
-            relative = {key[len(self._staged) + 1 :]: size for key, size in staged.items()}
-            for top in {r.split("/", 1)[0] for r in relative}:
-                backend.delete(top)
-            self.counters.put_requests += backend.move((f"{self._staged}/{r}", r) for r in relative)
+            previous = self.completed()
             manifest = {
                 "run_id": self.run_id,
+                "prefix": self._staged,
                 "spec_sha256": self.spec_digest,
                 "arrayjob_version": __version__,
                 "committed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "files": [{"path": r, "bytes": size} for r, size in relative.items()],
+                "files": [{"path": key[len(self._staged) + 1 :], "bytes": size} for key, size in staged.items()],
             }
+            self.lease.check()
             self._put(SUCCESS, json.dumps(manifest, indent=2).encode() + b"\n")
-            self.remove_staging()
         except OSError as exc:
             raise StorageError(f"output: publishing {self.location} failed: {exc}") from None
+        self._published = True
+        with contextlib.suppress(OSError):  # published: what is left over, the next publish removes
+            self._remove_replaced(previous)
         return manifest
 
-    def abandon(self) -> None:
-        """After a failed run: remove this run's staging, and the output prefix if now empty."""
-        try:
-            self.backend.delete(self._staged)
-            if not self.backend.list():
-                self.backend.delete()  # empty directories left behind on disk
-        except OSError:
-            pass  # best effort: nothing published, and the next run cleans staging
+    def _remove_replaced(self, previous: Completed | None) -> None:
+        """After publishing: remove every other run's prefix. The lease holder is the only
+        live writer, so these are the replaced result and the staging of dead runs."""
+        backend = self.backend
+        others = {key.split("/", 2)[1] for key in backend.list(RUNS)} - {self.run_id}
+        for run_id in sorted(others):
+            backend.delete(f"{RUNS}/{run_id}")
+        backend.delete(LEGACY_STAGING)
+        if previous is not None and not previous.prefix:  # the layout before runs/: files at the top
+            tops = {str(f["path"]).split("/", 1)[0] for f in previous.manifest.get("files", [])}
+            for top in sorted(tops - {SUCCESS, RUNS, LEASES}):
+                backend.delete(top)
+        backend.prune()
 
-    def remove_staging(self) -> None:
-        """Remove every staging prefix under the output (ours and those of dead runs)."""
-        self.backend.delete(STAGING)
+    def abandon(self) -> None:
+        """After a failed run: remove this run's prefix, unless ``_SUCCESS`` already names it."""
+        with contextlib.suppress(OSError, StorageError):  # best effort: the next publish removes it
+            # a _SUCCESS write that failed on the client may still have reached the storage
+            if self._published or (self.completed() or Completed({})).manifest.get("run_id") == self.run_id:
+                return
+            self.backend.delete(self._staged)
