@@ -129,6 +129,8 @@ def read_spec(path: str | Path, overrides: Sequence[str] = (), env: Mapping[str,
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise SpecError(f"{path}: no such spec file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a directory, expected a spec file (TOML)") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -142,3 +142,11 @@ def test_digest_ignores_where_it_runs(data):
     b = load_spec(spec, ["cluster.address=auto"])
     c = load_spec(spec, ["params.l2=0.5"])
     assert a.digest() == b.digest() != c.digest()
+
+
+@pytest.mark.parametrize("command", ["run", "plan", "estimate"])
+def test_directory_as_spec_is_one_line_exit_2(data, capsys, command):
+    (data / "specs").mkdir()
+    code, out, err = run_cli([command, str(data / "specs")], capsys)
+    assert (code, out) == (2, "")
+    assert err == f"arrayjob: error: {data / 'specs'}: is a directory, expected a spec file (TOML)\n"

@@ -70,7 +70,7 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 
 
 @cli.command()
-@click.argument("spec", type=click.Path(dir_okay=False))
+@click.argument("spec", type=click.Path())  # read (and checked) by load_spec: errors are one line
 @set_option
 @click.option("--overwrite", is_flag=True, help="Replace a complete output.")
 @click.option("--no-wait", is_flag=True,
@@ -103,7 +103,7 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, a
 
 
 @cli.command()
-@click.argument("spec", type=click.Path(dir_okay=False))
+@click.argument("spec", type=click.Path())  # read (and checked) by load_spec: errors are one line
 @set_option
 @click.option("--stop-after", type=PlannerChoice("pass"), default="cost",
               show_default=True, help="Show the plan after this pass.")
@@ -161,7 +161,7 @@ def _check_cost(est, max_cost: float | None) -> None:  # type: ignore[no-untyped
 
 
 @cli.command()
-@click.argument("spec", type=click.Path(dir_okay=False))
+@click.argument("spec", type=click.Path())  # read (and checked) by load_spec: errors are one line
 @set_option
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
 @instance_option
