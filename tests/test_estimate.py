@@ -73,3 +73,27 @@ def test_max_cost_exits_3_before_running(spec, workdir, capsys):
 def test_unknown_instance_type(spec, capsys):
     code, _, err = run_cli(["estimate", spec, "--instance-type", "z9.huge"], capsys)
     assert code == 2 and err.startswith("arrayjob: error: --instance-type: 'z9.huge' is not in price table")
+
+
+@pytest.mark.parametrize("total,limit,message", [
+    (3.9e-05, 0.0, "estimated cost $0.00004 exceeds --max-cost $0"),
+    (0.0016, 0.0, "estimated cost $0.0016 exceeds --max-cost $0"),
+    (0.00012, 0.0001, "estimated cost $0.00012 exceeds --max-cost $0.0001"),
+    (2.5, 1e-06, "estimated cost $2.5000 exceeds --max-cost $0.000001"),
+])
+def test_cost_limit_message_shows_the_total_above_the_limit(total, limit, message):
+    from types import SimpleNamespace
+
+    from arrayjob.cli.main import _check_cost
+    from arrayjob.errors import CostLimitError
+
+    with pytest.raises(CostLimitError) as raised:
+        _check_cost(SimpleNamespace(dollars=lambda: {"total": total}), limit)
+    assert str(raised.value) == message
+
+
+def test_max_cost_0_on_a_free_instance_shows_the_storage_cents(spec, capsys):
+    code, _, err = run_cli(["estimate", spec, "--max-cost", "0", "--format", "json"], capsys)
+    assert code == 3 and err.count("\n") == 1
+    shown = err.split("estimated cost $")[1].split()[0]
+    assert float(shown) > 0 and err.endswith("exceeds --max-cost $0\n")

@@ -155,7 +155,22 @@ def _check_cost(est, max_cost: float | None) -> None:  # type: ignore[no-untyped
 
     total = est.dollars()["total"]
     if max_cost is not None and total > max_cost:
-        raise CostLimitError(f"estimated cost ${total:.4f} exceeds --max-cost ${max_cost:g}")
+        shown, limit = _over(total, max_cost)
+        raise CostLimitError(f"estimated cost ${shown} exceeds --max-cost ${limit}")
+
+
+def _over(total: float, limit: float) -> tuple[str, str]:
+    """``total`` and ``limit`` (``total > limit``) as decimals that still show ``total > limit``:
+    four places as a rule, more when four would round them equal ($0.0000 over $0)."""
+    from decimal import Decimal
+
+    exact = format(Decimal(repr(limit)), "f")  # the limit as given: 0, 0.01, 0.000001
+    exact = exact.rstrip("0").rstrip(".") if "." in exact else exact
+    for places in range(4, 18):
+        shown = f"{total:.{places}f}"
+        if Decimal(shown) > Decimal(exact):
+            return shown, exact
+    return format(Decimal(repr(total)), "f"), exact
 
 
 
