@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tomllib
 import types
 import typing
@@ -26,6 +27,8 @@ from arrayjob.runtime.cluster import ClusterOptions
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage", "planner")
+_INT64 = (-(2**63), 2**63 - 1)
+_MAX_FLOAT = int(sys.float_info.max)
 SECRET_WORDS = ("secret", "token", "password", "key_id", "access_key", "credential")
 
 
@@ -117,7 +120,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise SpecError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. params.l2=0.01")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except ValueError:  # not TOML (TOMLDecodeError), or an integer of over 4300 digits
         value = raw
     return [k.strip() for k in keys], value
 
@@ -136,6 +139,8 @@ def read_spec(path: str | Path, overrides: Sequence[str] = (), env: Mapping[str,
     except UnicodeDecodeError:
         raise SpecError(f"{path}: the spec is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    except ValueError as exc:  # an integer of over 4300 digits
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
     for text in overrides:
         keys, value = parse_override(text)
@@ -183,6 +188,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise TypeError(f"unsupported spec field type {tp!r} for {key}")
     if not ok:
         raise SpecError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if tp is int and not _INT64[0] <= value <= _INT64[1]:
+        # TOML integers are 64-bit; Python's parser (and a --set) accept any size
+        raise SpecError(f"{key}: expected a 64-bit integer ({_INT64[0]} to {_INT64[1]}), got {value!r}")
+    if tp is float and isinstance(value, int) and abs(value) > _MAX_FLOAT:
+        raise SpecError(f"{key}: expected a number a float64 can hold, got {value!r}")
     return float(value) if tp is float else value
 
 

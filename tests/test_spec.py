@@ -80,6 +80,17 @@ MALFORMED = [
      "--set 'params.l2': expected KEY=VALUE with a dotted key, e.g. params.l2=0.01"),
     ("--set a wrong value", GOOD, ["--set", "params.tol=0"],
      "params.tol: expected a number > 0, got 0"),
+    ("--set an integer over 64 bits", GOOD, ["--set", "params.max_iter=99999999999999999999999"],
+     "params.max_iter: expected a 64-bit integer (-9223372036854775808 to 9223372036854775807), "
+     "got 99999999999999999999999"),
+    ("an integer over 64 bits in the file", GOOD.replace("l2 = 1e-4", "max_iter = -99999999999999999999999"), [],
+     "params.max_iter: expected a 64-bit integer (-9223372036854775808 to 9223372036854775807), "
+     "got -99999999999999999999999"),
+    ("--set a number no float holds", GOOD, ["--set", "params.l2=1" + "0" * 400],
+     "params.l2: expected a number a float64 can hold, got 1" + "0" * 400),
+    ("an integer too long to parse", GOOD.replace("l2 = 1e-4", "max_iter = 1" + "0" * 5000), [],
+     "{spec}: not valid TOML: Exceeds the limit (4300 digits) for integer string conversion: value has 5001 digits; "
+     "use sys.set_int_max_str_digits() to increase the limit"),
     ("cluster typo", GOOD + '\n[cluster]\nadress = "auto"\n', [],
      "cluster.adress: unknown key (expected one of: address, num_cpus)"),
     ("missing array", GOOD.replace("data/X.zarr", "nodata/X.zarr"), [],
