@@ -118,6 +118,17 @@ def test_kmeans_own_initialisation_is_seeded(put, init):
     assert a.attrs["inertia"] <= ref.inertia_ * (1 + 1e-9)
 
 
+def test_kmeans_warns_when_its_sample_has_fewer_distinct_rows_than_k(put, monkeypatch, capsys):
+    from arrayjob.jobs import kmeans
+
+    monkeypatch.setattr(kmeans, "SAMPLE_ROWS", 4)  # one chunk of 4 of the 12 rows
+    X = np.repeat(np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]), 4, axis=0)
+    r = run_job("kmeans", {"X": put("X", X, (4, 2))}, k=2, seed=0)
+    assert r.arrays["centroids"].shape == (2, 2)
+    assert capsys.readouterr().err == ("arrayjob: warning: params.k: 2 clusters but the 4 rows sampled from "
+                                       "inputs.X hold only 1 distinct rows; some centroids will be duplicates\n")
+
+
 @pytest.mark.parametrize("mode,names", [(0, "BC"), (1, "AC"), (2, "AB")])
 def test_mttkrp_matches_tensorly(put, mode, names):
     rng = np.random.default_rng(4)

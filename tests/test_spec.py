@@ -161,3 +161,17 @@ def test_directory_as_spec_is_one_line_exit_2(data, capsys, command):
     code, out, err = run_cli([command, str(data / "specs")], capsys)
     assert (code, out) == (2, "")
     assert err == f"arrayjob: error: {data / 'specs'}: is a directory, expected a spec file (TOML)\n"
+
+
+@pytest.mark.parametrize("init", ["k-means++", "random"])
+def test_kmeans_k_over_distinct_rows_is_one_line_exit_2(workdir, capsys, init):
+    from tests.helpers import write_spec
+
+    points = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    write_array("X.zarr", np.repeat(points, 4, axis=0), (4, 2))  # 12 rows, 3 distinct
+    spec = write_spec(workdir / "k.toml", inputs={"X": "X.zarr"}, output="out", algorithm="kmeans",
+                      params=f'k = 5\ninit = "{init}"\n')
+    code, out, err = run_cli(["run", str(spec)], capsys)
+    assert (code, out) == (2, "")
+    assert err == "arrayjob: error: params.k: 5 clusters but inputs.X has only 3 distinct rows\n"
+    assert not (workdir / "out" / "_SUCCESS").exists()

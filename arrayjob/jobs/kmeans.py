@@ -21,6 +21,7 @@ floats per block. Labels (8n bytes) are assembled on the driver at the end.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,8 +120,24 @@ class KMeans(Job):
             return read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
         sample = self._sample(ctx.storage, rng)
         if p.init == "random":
-            return sample[rng.choice(len(sample), size=p.k, replace=False)].astype(np.float64)
-        return kmeans_plus_plus(sample, p.k, rng)
+            centroids = sample[rng.choice(len(sample), size=p.k, replace=False)].astype(np.float64)
+        else:
+            centroids = kmeans_plus_plus(sample, p.k, rng)
+        if len(np.unique(centroids, axis=0)) < p.k:  # k × d: cheap; the sample only when it repeats
+            self._check_distinct(sample)
+        return centroids
+
+    def _check_distinct(self, sample: np.ndarray) -> None:
+        """Fewer distinct rows than k would leave duplicate centroids (empty clusters): an
+        error when the sample is all of X, else a warning (rows outside the sample may differ)."""
+        k, n = self.params.k, self.arrays["X"].shape[0]
+        distinct = len(np.unique(sample, axis=0))
+        if distinct >= k:
+            return  # random init drew a repeated row: the clusters may still separate
+        if len(sample) == n:
+            raise InputError(f"params.k: {k} clusters but inputs.X has only {distinct} distinct rows")
+        print(f"arrayjob: warning: params.k: {k} clusters but the {len(sample):,} rows sampled from inputs.X "
+              f"hold only {distinct} distinct rows; some centroids will be duplicates", file=sys.stderr)
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
