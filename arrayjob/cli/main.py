@@ -266,6 +266,11 @@ def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, see
                f"in {counters.put_requests:,} requests")
 
 
+def _one_line(message: str) -> str:
+    """``message`` with its line breaks escaped: a key or value from the spec may hold one."""
+    return message.translate({ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line per error, the exit code of its class, tracebacks only with --debug."""
     args = sys.argv[1:] if argv is None else argv
@@ -288,12 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     except ArrayJobError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"arrayjob: error: {exc}", err=True)
+        click.echo(f"arrayjob: error: {_one_line(str(exc))}", err=True)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - a bug: say so in one line, details with --debug
         if debug:
             traceback.print_exc()
-        click.echo(f"arrayjob: internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)", err=True)
+        click.echo(f"arrayjob: internal error: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for a traceback)", err=True)
         return 1
     return 0
 
