@@ -94,3 +94,14 @@ def put(tmp_path):
         return open_array_info(name, parse_uri(str(tmp_path / f"{name}.zarr")), StorageOptions())
 
     return put
+
+
+@pytest.fixture
+def data(workdir: Path) -> Path:
+    """A small logistic-regression input under ``data/`` in the working directory."""
+    from tests.helpers import logreg_data, write_array
+
+    X, y = logreg_data(200, 3)
+    write_array("data/X.zarr", X, (50, 3))
+    write_array("data/y.zarr", y, (50,))
+    return workdir

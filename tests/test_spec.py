@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from arrayjob.spec import interpolate, load_spec, parse_override
-from tests.helpers import logreg_data, run_cli, write_array
+from tests.helpers import run_cli, write_array
 
 GOOD = """\
 [job]
@@ -26,14 +26,6 @@ l2 = 1e-4
 [output]
 uri = "out"
 """
-
-
-@pytest.fixture
-def data(workdir: Path) -> Path:
-    X, y = logreg_data(200, 3)
-    write_array("data/X.zarr", X, (50, 3))
-    write_array("data/y.zarr", y, (50,))
-    return workdir
 
 
 def _spec(workdir: Path, text: str) -> str:

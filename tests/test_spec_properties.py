@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from arrayjob.spec import SECTIONS
-from tests.helpers import logreg_data, run_cli, write_array
+from tests.helpers import run_cli
 
 # real keys (so some examples get past the unknown-key check) and a few that are not
 KEYS = ["name", "algorithm", "X", "y", "A", "uri", "solver", "l2", "max_iter", "tol", "k", "init", "seed",
@@ -66,14 +64,6 @@ def toml(tree: dict[str, Any]) -> str:
     tables = [f"\n[{json.dumps(k)}]\n" + "".join(f"{json.dumps(key)} = {toml_value(v)}\n" for key, v in table.items())
               for k, table in tree.items() if isinstance(table, dict)]
     return "".join(top + tables)
-
-
-@pytest.fixture
-def data(workdir: Path) -> Path:
-    X, y = logreg_data(200, 3)
-    write_array("data/X.zarr", X, (50, 3))
-    write_array("data/y.zarr", y, (50,))
-    return workdir
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
