@@ -123,24 +123,6 @@ class TestStorageBackend:
         assert set(old.list()) == {"_SUCCESS", f"runs/{out.run_id}/report.json"}
 
 
-def test_objects_by_full_path_as_calibrate_uses_them(backend):
-    from arrayjob.io.storage import filesystem
-
-    base, options, _ = backend
-    root = parse_uri(base)
-    fs = filesystem(root.scheme, options)
-    small = root.join("probe").path
-    fs.pipe_file(small, b"x")
-    assert fs.cat_file(small) == b"x" and fs.exists(small)
-    fs.rm(small)
-    assert not fs.exists(small)
-    with pytest.raises(FileNotFoundError):
-        fs.rm(small)
-    fs.pipe_file(root.join("load/in/zarr.json").path, b"{}")
-    assert fs.exists(root.join("load").path)
-    fs.rm(root.join("load").path, recursive=True)
-    assert not fs.exists(root.join("load").path)
-
 def test_uri_forms(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert parse_uri("s3://bucket/a/b/") == Location("s3", "bucket/a/b")

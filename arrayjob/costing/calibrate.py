@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 
 from arrayjob.costing.profile import MachineProfile
+from arrayjob.io.backend import backend_for
 from arrayjob.io.locations import Location, StorageOptions
-from arrayjob.io.storage import filesystem
 
 OBJECT_BYTES = 16 * 2**20  # one chunk of the calibration array
 LOAD_BLOCKS = 32  # 512 MiB read and written by the workers
@@ -205,23 +205,23 @@ def block_rates(bucket: Location, options: StorageOptions, node_ids: tuple[str, 
         nbytes = rows * cols * 8
         return nbytes / statistics.median(reads), nbytes / statistics.median(writes)
     finally:
-        filesystem(bucket.scheme, options).rm(location.path, recursive=True)
+        backend_for(location, options).delete()
 
 
 def request_seconds(bucket: Location, options: StorageOptions) -> float:
     """Seconds per small GET against ``bucket`` (median of 20)."""
-    fs = filesystem(bucket.scheme, options)
-    small = bucket.join(f"_arrayjob_calibrate-{uuid.uuid4().hex[:8]}").path
+    backend = backend_for(bucket, options)
+    small = f"_arrayjob_calibrate-{uuid.uuid4().hex[:8]}"
     try:
-        fs.pipe_file(small, b"x")
+        backend.write_bytes(small, b"x")
         latencies = []
         for _ in range(20):
             t = time.perf_counter()
-            fs.cat_file(small)
+            backend.read_bytes(small)
             latencies.append(time.perf_counter() - t)
         return statistics.median(latencies)
     finally:
-        fs.rm(small)
+        backend.delete(small)
 
 
 def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], float, float, float]:

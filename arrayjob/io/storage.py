@@ -1,5 +1,5 @@
-"""Where bytes live, by location: Zarr stores that count their requests, whole objects by
-path, and the storage backend behind both (``io.backend``).
+"""Zarr stores by location, counting their requests, through the storage backend of the
+location's scheme (``io.backend``).
 
 A URI is ``s3://bucket/key``, ``file:///abs/path`` or a local path (relative to the
 working directory). Every Zarr store arrayjob opens is wrapped in a ``CountingStore``
@@ -9,11 +9,8 @@ the I/O, and reported back with the task's result.
 
 from __future__ import annotations
 
-from arrayjob.io.backend import CountingStore, StorageBackend, backend_for
-from arrayjob.io.locations import Location, StorageCounters, StorageOptions, parse_uri
-
-__all__ = ["CountingStore", "ObjectPaths", "StorageBackend", "backend_for", "filesystem", "parse_uri",
-           "quiet_async_teardown", "zarr_store"]
+from arrayjob.io.backend import CountingStore, backend_for
+from arrayjob.io.locations import Location, StorageCounters, StorageOptions
 
 
 def zarr_store(
@@ -33,45 +30,6 @@ def zarr_store(
     if for_blocks and read_only:
         return backend.block_store(counters)
     return backend.zarr_store(read_only=read_only, counters=counters)
-
-
-class ObjectPaths:
-    """Whole objects by full path ("bucket/key" on S3, an absolute path on disk), in the
-    few fsspec-style calls that callers outside ``io`` make; each goes through the backend
-    rooted at that path."""
-
-    def __init__(self, scheme: str, options: StorageOptions) -> None:
-        self.scheme = scheme
-        self.options = options
-
-    def _at(self, path: str) -> StorageBackend:
-        return backend_for(Location(self.scheme, path), self.options)
-
-    def exists(self, path: str) -> bool:
-        """Whether an object, or any object under ``path/``, exists."""
-        backend = self._at(path)
-        return backend.exists() or bool(backend.list())
-
-    def cat_file(self, path: str) -> bytes:
-        return self._at(path).read_bytes()
-
-    cat = cat_file
-
-    def pipe_file(self, path: str, data: bytes) -> None:
-        self._at(path).write_bytes("", data)
-
-    def rm(self, path: str, recursive: bool = False) -> None:
-        """Delete the object ``path`` (and, with ``recursive``, everything under it)."""
-        backend = self._at(path)
-        if recursive or backend.exists():
-            backend.delete()
-        else:
-            raise FileNotFoundError(path)
-
-
-def filesystem(scheme: str, options: StorageOptions) -> ObjectPaths:
-    """Whole objects by full path on the storage of ``scheme`` (see ``ObjectPaths``)."""
-    return ObjectPaths(scheme, options)
 
 
 def quiet_async_teardown() -> None:
