@@ -75,11 +75,12 @@ def prepare(spec: JobSpec) -> Job:
 
 
 def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local", wait: bool = True,
-        notify: Callable[[str], None] = lambda line: None) -> RunOutcome:
+        notify: Callable[[str], None] = lambda line: None, metrics: RunMetrics | None = None) -> RunOutcome:
     """Run ``spec`` and publish its output. Another run holding the output is waited for (or,
-    unless ``wait``, ``LeaseHeldError``); waiting and takeovers are told to ``notify``."""
+    unless ``wait``, ``LeaseHeldError``); waiting and takeovers are told to ``notify``.
+    ``metrics`` (fresh by default) is where the run counts what happens, stage by stage."""
     started = time.perf_counter()
-    metrics = RunMetrics()
+    metrics = metrics or RunMetrics()
     with metrics.stage("validate"):
         job = prepare(spec)
         output = JobOutput(spec.output, spec.storage, spec.digest())
