@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -33,7 +34,10 @@ class LocalBackend(StorageBackend):
     def write_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
         path = self._path(key)
         for attempt in range(3):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            except FileExistsError:  # a file where a directory must be: not an exclusive create's refusal
+                raise NotADirectoryError(errno.ENOTDIR, "a file stands where a directory goes", os.path.dirname(path)) from None
             try:
                 # written beside the target, then put in place whole: readers never see a part
                 fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
