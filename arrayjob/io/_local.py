@@ -92,3 +92,44 @@ class LocalBackend(StorageBackend):
         for directory, _, _ in os.walk(self.location.path, topdown=False):
             with contextlib.suppress(OSError):
                 os.rmdir(directory)
+
+    def check_reachable(self) -> None:
+        if (blocking := _file_in(self.location.path)) is not None:
+            where = "a file stands there" if blocking == self.location.path else f"{blocking} is a file"
+            raise NotADirectoryError(errno.ENOTDIR, f"{where}; an output is a directory")
+
+    def probe_write(self, key: str) -> int | None:
+        self.check_reachable()
+        created = _missing_parents(self._path(key))
+        try:
+            self.write_bytes(key, b"", exclusive=True)
+        finally:  # the file, then each directory the write made (rmdir keeps any another run uses)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(key))
+            for directory in created:
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
+        return shutil.disk_usage(_existing(self.location.path)).free
+
+
+def _existing(path: str) -> str:
+    """``path`` or its nearest ancestor that exists."""
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _file_in(path: str) -> str | None:
+    """The file (anything not a directory) at ``path`` or among its ancestors, or None."""
+    found = _existing(path)
+    return None if os.path.isdir(found) else found
+
+
+def _missing_parents(path: str) -> list[str]:
+    """The directories above ``path`` that do not exist yet, deepest first."""
+    missing = []
+    directory = os.path.dirname(path)
+    while not os.path.lexists(directory) and os.path.dirname(directory) != directory:
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    return missing
