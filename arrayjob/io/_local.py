@@ -36,13 +36,13 @@ class LocalBackend(StorageBackend):
         for attempt in range(3):
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-            except FileExistsError:  # a file where a directory must be: not an exclusive create's refusal
-                raise NotADirectoryError(errno.ENOTDIR, "a file stands where a directory goes", os.path.dirname(path)) from None
-            try:
                 # written beside the target, then put in place whole: readers never see a part
                 fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
                 break
-            except FileNotFoundError:  # another process pruned the empty directory just now
+            except FileExistsError:  # a file where a directory must be: not an exclusive create's refusal
+                raise NotADirectoryError(errno.ENOTDIR, "a file stands where a directory goes",
+                                         os.path.dirname(path)) from None
+            except FileNotFoundError:  # another process pruned an empty directory on the way just now
                 if attempt == 2:
                     raise
         try:
