@@ -9,6 +9,7 @@ exit code itself shows that the check came before the cluster, and no Ray is sta
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -193,6 +194,25 @@ def test_unreachable_endpoint_exit_4_promptly(logreg):
     run = arrayjob("run", spec, cwd=logreg)
     assert_one_line(run, 4, f"output.uri: s3://bucket/out: the S3 endpoint {closed} does not answer: "
                             "Connection refused")
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.cli
+def test_endpoint_that_accepts_but_never_answers_exit_4_in_seconds_not_minutes(logreg):
+    """A server that takes connections and never replies: object_store would retry it for
+    3 minutes; the check gives up after its own 15 s."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)  # the kernel accepts; nobody reads or answers
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        spec = logreg_spec(logreg, "s3://bucket/out", storage=f'endpoint_url = "{endpoint}"')
+        started = time.monotonic()
+        run = arrayjob("run", spec, cwd=logreg)
+    assert run.returncode == 4, run.stderr
+    assert re.fullmatch(rf"arrayjob: error: output.uri: s3://bucket/out: the S3 endpoint {endpoint} does not "
+                        r"answer: no answer in \d+ s\n", run.stderr)
     assert time.monotonic() - started < 60
 
 

@@ -186,7 +186,13 @@ def _probe_failure(exc: BaseException, bucket: str, config: dict[str, Any]) -> O
         return FileNotFoundError(f"the bucket {bucket!r} does not exist (at {endpoint})")
     if re.search(r"kind: (Connect|Timeout)|error sending request|timed out", text):
         causes = re.findall(r'message: "([^"]+)"', text)
-        cause = causes[-1] if causes else describe_failure(exc)
+        waited = re.search(r"elapsed: ([0-9.]+)s", text)
+        if causes:
+            cause = causes[-1]
+        elif waited and re.search(r"Timeout|TimedOut", text):
+            cause = f"no answer in {float(waited.group(1)):.0f} s"
+        else:
+            cause = describe_failure(exc)
         return ConnectionError(f"the S3 endpoint {endpoint} does not answer: {cause}")
     if re.search(r"AccessDenied|403 Forbidden|PermissionDenied|Unauthenticated", text):
         return PermissionError(f"access to the bucket {bucket!r} was refused (at {endpoint}): {describe_failure(exc)}")
