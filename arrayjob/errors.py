@@ -5,7 +5,7 @@ Exit codes (documented in README.md):
   1  internal error (a bug in arrayjob)
   2  bad spec or bad input (malformed spec, missing/corrupt array, mismatched shapes, NaN data)
   3  the estimated cost exceeds --max-cost
-  4  storage failure while running (output not writable, a request failed after retries)
+  4  storage failure: the output cannot be written (checked before the run), a request failed after retries
   5  the Ray cluster could not be reached or started
   6  another live run holds the output's lease (with --no-wait), or took it over from this run
   130 interrupted

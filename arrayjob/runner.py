@@ -84,7 +84,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
     with metrics.stage("validate"):
         job = prepare(spec)
         output = JobOutput(spec.output, spec.storage, spec.digest())
-        done = output.check_rerun(overwrite=overwrite)
+        done = output.check(overwrite=overwrite, expected_bytes=job.output_bytes())
         prices = load_prices()
         instance = prices.instance(instance_type)
     if done is not None:

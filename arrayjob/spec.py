@@ -78,6 +78,16 @@ class JobSpec:
         return _redact(self.resolved)
 
 
+def _within(inner: Location, outer: Location) -> bool:
+    """Whether ``inner`` is ``outer`` or under it; local paths compared with links resolved."""
+    if inner.scheme != outer.scheme:
+        return False
+    a, b = inner.path, outer.path
+    if inner.scheme == "file":
+        a, b = os.path.realpath(a), os.path.realpath(b)
+    return a == b or a.startswith(b.rstrip("/") + "/")
+
+
 def _redact(value: Any, key: str = "") -> Any:
     if isinstance(value, Mapping):
         return {k: _redact(v, k) for k, v in value.items()}
@@ -267,8 +277,11 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
         raise SpecError(f"output.{sorted(set(output_table) - {'uri'})[0]}: unknown key (expected: uri)")
     output = parse_uri(_coerce(output_table["uri"], str, "output.uri"), key="output.uri")
     for input_name, location in inputs.items():
-        if location == output or location.path.startswith(output.path.rstrip("/") + "/"):
+        if _within(location, output):
             raise SpecError(f"output.uri: {output} would overwrite inputs.{input_name}")
+        if _within(output, location):
+            raise SpecError(f"output.uri: {output} lies inside inputs.{input_name} ({location}); "
+                            "the result would be written into an input")
 
     cluster = table_to_dataclass(ClusterOptions, raw.get("cluster", {}), "cluster")
     storage = table_to_dataclass(StorageOptions, raw.get("storage", {}), "storage")

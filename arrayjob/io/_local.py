@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -33,12 +34,15 @@ class LocalBackend(StorageBackend):
     def write_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
         path = self._path(key)
         for attempt in range(3):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
             try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
                 # written beside the target, then put in place whole: readers never see a part
                 fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
                 break
-            except FileNotFoundError:  # another process pruned the empty directory just now
+            except FileExistsError:  # a file where a directory must be: not an exclusive create's refusal
+                raise NotADirectoryError(errno.ENOTDIR, "a file stands where a directory goes",
+                                         os.path.dirname(path)) from None
+            except FileNotFoundError:  # another process pruned an empty directory on the way just now
                 if attempt == 2:
                     raise
         try:
@@ -88,3 +92,44 @@ class LocalBackend(StorageBackend):
         for directory, _, _ in os.walk(self.location.path, topdown=False):
             with contextlib.suppress(OSError):
                 os.rmdir(directory)
+
+    def check_reachable(self) -> None:
+        if (blocking := _file_in(self.location.path)) is not None:
+            where = "a file stands there" if blocking == self.location.path else f"{blocking} is a file"
+            raise NotADirectoryError(errno.ENOTDIR, f"{where}; an output is a directory")
+
+    def probe_write(self, key: str) -> int | None:
+        self.check_reachable()
+        created = _missing_parents(self._path(key))
+        try:
+            self.write_bytes(key, b"", exclusive=True)
+        finally:  # the file, then each directory the write made (rmdir keeps any another run uses)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(key))
+            for directory in created:
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
+        return shutil.disk_usage(_existing(self.location.path)).free
+
+
+def _existing(path: str) -> str:
+    """``path`` or its nearest ancestor that exists."""
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _file_in(path: str) -> str | None:
+    """The file (anything not a directory) at ``path`` or among its ancestors, or None."""
+    found = _existing(path)
+    return None if os.path.isdir(found) else found
+
+
+def _missing_parents(path: str) -> list[str]:
+    """The directories above ``path`` that do not exist yet, deepest first."""
+    missing = []
+    directory = os.path.dirname(path)
+    while not os.path.lexists(directory) and os.path.dirname(directory) != directory:
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    return missing

@@ -9,8 +9,10 @@ environment, instance role); the region from the session, else from the bucket i
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import os
+import re
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,11 +23,16 @@ from obstore.store import S3Store
 from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
-from arrayjob.io.backend import StorageBackend
+from arrayjob.io.backend import StorageBackend, describe_failure
 from arrayjob.io.locations import Location, StorageOptions
 
 # concurrent server-side copies when publishing an output (s3fs's default batch size)
 _COPY_CONCURRENCY = 32
+# the checks before a run (check_reachable, probe_write) answer in seconds: an endpoint
+# that does not answer is not retried for object_store's default 3 minutes
+_PROBE_CLIENT = {"connect_timeout": dt.timedelta(seconds=5), "timeout": dt.timedelta(seconds=15)}
+_PROBE_RETRY = {"max_retries": 2, "retry_timeout": dt.timedelta(seconds=15),
+                "backoff": {"init_backoff": dt.timedelta(milliseconds=200), "max_backoff": dt.timedelta(seconds=2)}}
 
 
 def _bucket_region(session: Any, bucket: str) -> str:
@@ -142,3 +149,51 @@ class S3Backend(StorageBackend):
             keys.append(self._key(prefix))
         with _as_oserror(self._key(prefix)):
             obstore.delete(self._store, keys)
+
+    def check_reachable(self) -> None:
+        store = self._probe_store()
+        with self._probing():
+            next(iter(obstore.list(store, self._key("") + "/" if self.prefix else None, chunk_size=1)), None)
+
+    def probe_write(self, key: str) -> int | None:
+        store = self._probe_store()
+        with self._probing():
+            obstore.put(store, self._key(key), b"", mode="create")
+            obstore.delete(store, self._key(key))
+        return None
+
+    def _probe_store(self) -> S3Store:
+        config = dict(_store_config(self.bucket, self.options))
+        config["client_options"] = {**config.get("client_options", {}), **_PROBE_CLIENT}
+        config["retry_config"] = _PROBE_RETRY
+        return S3Store(self.bucket, **config)
+
+    @contextlib.contextmanager
+    def _probing(self) -> Iterator[None]:
+        """obstore's errors as one line each: the bucket missing, the endpoint not answering,
+        access refused; anything else as ``describe_failure`` puts it."""
+        try:
+            yield
+        except (BaseError, FileNotFoundError) as exc:
+            raise _probe_failure(exc, self.bucket, _store_config(self.bucket, self.options)) from None
+
+
+def _probe_failure(exc: BaseException, bucket: str, config: dict[str, Any]) -> OSError:
+    """What a failed check found, as an ``OSError`` of the matching kind with one short line."""
+    text = str(exc)
+    endpoint = config.get("endpoint") or f"S3 in {config['region']}"
+    if "NoSuchBucket" in text:
+        return FileNotFoundError(f"the bucket {bucket!r} does not exist (at {endpoint})")
+    if re.search(r"kind: (Connect|Timeout)|error sending request|timed out", text):
+        causes = re.findall(r'message: "([^"]+)"', text)
+        waited = re.search(r"elapsed: ([0-9.]+)s", text)
+        if causes:
+            cause = causes[-1]
+        elif waited and re.search(r"Timeout|TimedOut", text):
+            cause = f"no answer in {float(waited.group(1)):.0f} s"
+        else:
+            cause = describe_failure(exc)
+        return ConnectionError(f"the S3 endpoint {endpoint} does not answer: {cause}")
+    if re.search(r"AccessDenied|403 Forbidden|PermissionDenied|Unauthenticated", text):
+        return PermissionError(f"access to the bucket {bucket!r} was refused (at {endpoint}): {describe_failure(exc)}")
+    return OSError(describe_failure(exc))

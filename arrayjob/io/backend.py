@@ -132,6 +132,20 @@ class StorageBackend(ABC):
         """Remove the empty directories under the location, itself included, that deletes
         left behind (a filesystem's; an object store has none). Never removes an object."""
 
+    # checks before a run writes here (``JobOutput.check``): prompt, and they leave nothing
+
+    @abstractmethod
+    def check_reachable(self) -> None:
+        """Check, reading only, that objects could live here: the storage answers (within
+        seconds, not after minutes of retries), the bucket exists, no file stands where a
+        directory must be. ``OSError`` whose message says what is wrong."""
+
+    @abstractmethod
+    def probe_write(self, key: str) -> int | None:
+        """Create the empty object ``key`` and delete it again, with no retries to speak of;
+        ``OSError`` saying why it cannot be written. Returns the bytes free for objects
+        here, or None where storage sets no limit."""
+
 
 def backend_for(location: Location, options: StorageOptions) -> StorageBackend:
     """The backend of ``location``'s storage system, rooted at ``location``."""

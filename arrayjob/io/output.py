@@ -34,6 +34,7 @@ from arrayjob.io.locations import Location, StorageCounters, StorageOptions
 SUCCESS = "_SUCCESS"
 RUNS = "runs"
 LEGACY_STAGING = "_staging"  # staging of the layout before runs/ (files published at the top)
+ROOM_FOR_REPORTS = 256 * 1024  # report.json, report.html, Zarr metadata: tens of kB in practice
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,27 @@ def published(location: Location, options: StorageOptions) -> Location | None:
     if done is None:
         return None
     return location.join(done.prefix) if done.prefix else location
+
+
+def check_room(location: Location, expected_bytes: int, free: int | None) -> None:
+    """``StorageError`` if ``expected_bytes`` will not fit in the ``free`` bytes (None: no limit)."""
+    if free is not None and expected_bytes > free:
+        raise StorageError(f"output.uri: {location}: the result needs about {_size(expected_bytes)} "
+                           f"but its disk has {_size(free)} free")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit} ({n:,} bytes)"
+    return f"{n:,} bytes"
+
+
+def _reason(exc: OSError) -> str:
+    """An ``OSError`` as a short reason: the system's words (``strerror``) when it has them."""
+    if exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 class JobOutput:
@@ -103,6 +125,30 @@ class JobOutput:
                 f"(run {done.manifest.get('run_id', '?')}); pass --overwrite to replace it"
             )
         return done
+
+    def check(self, *, overwrite: bool, expected_bytes: int) -> Completed | None:
+        """``check_rerun``, with the output checked around it before anything runs: first that
+        its storage answers and could hold it (reading only), and, if the run goes ahead,
+        that it is writable and has room for ``expected_bytes``. A rerun that skips a
+        complete output needs neither write access nor room."""
+        try:
+            self.backend.check_reachable()
+        except OSError as exc:
+            raise StorageError(f"output.uri: {self.location}: {_reason(exc)}") from None
+        done = self.check_rerun(overwrite=overwrite)
+        if done is None:
+            self.check_writable(expected_bytes)
+        return done
+
+    def check_writable(self, expected_bytes: int) -> None:
+        """Write an empty probe object into this run's prefix and delete it (leaving nothing),
+        and compare ``expected_bytes`` with the space free where the output goes, if storage
+        says (a local disk does, an object store does not)."""
+        try:
+            free = self.backend.probe_write(f"{self._staged}/_probe")
+        except OSError as exc:
+            raise StorageError(f"output.uri: {self.location} is not writable: {_reason(exc)}") from None
+        check_room(self.location, expected_bytes + ROOM_FOR_REPORTS, free)
 
     def take(self, *, overwrite: bool, wait: bool = True,
              notify: Callable[[str], None] = lambda line: None) -> Completed | None:

@@ -140,6 +140,11 @@ class Job(ABC):
         """The arrays a run writes: (shape, dtype, chunk rows or None for one chunk)."""
         return []
 
+    def output_bytes(self) -> int:
+        """The bytes of the arrays a run writes (``outputs_estimate``), uncompressed."""
+        return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                   for shape, dtype, _ in self.outputs_estimate())
+
     @abstractmethod
     def run(self, ctx: JobContext) -> JobResult: ...
 
