@@ -77,10 +77,11 @@ def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
     exist, so metadata declaring far more data than is stored is refused at once (two HEAD
     requests per input; ``plan`` and ``estimate`` read metadata only)."""
     arrays = open_inputs(spec)
+    job = get_job(spec.algorithm)(spec.params, arrays, spec.storage)  # shapes and dtypes first
     if check_chunks:
         for info in arrays.values():
             check_chunks_stored(info, spec.storage)
-    return get_job(spec.algorithm)(spec.params, arrays, spec.storage)
+    return job
 
 
 def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local", wait: bool = True,
