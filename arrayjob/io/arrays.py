@@ -7,6 +7,7 @@ process runs ``read_block``, so the driver never holds a big array.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -146,8 +147,6 @@ def _read_failure(info: ArrayInfo, selection: tuple[slice, ...], exc: Exception)
 def _name_bad_chunk(info: ArrayInfo, array: zarr.Array, selection: tuple[slice, ...]) -> None:
     """After a block failed to decode, read its chunks (shards) one by one to name the bad one;
     raises ``InputError`` for it, or returns if none fails alone. Costs requests only on failure."""
-    import itertools
-
     ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(selection, info.chunks, strict=True)]
     for index in itertools.product(*ranges):
         region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, info.chunks, info.shape, strict=True))
