@@ -2,7 +2,7 @@
 
 Data are generated chunk by chunk with a seed per chunk, so the bytes depend only on
 ``seed`` and the shape, never on memory or parallelism, and the driver holds one slab
-(about 64 MiB) at a time.
+(about 64 MiB) at a time. Every chunk carries a CRC32C checksum that reads verify.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _write_rows(req: DatagenRequest, name: str, shape: tuple[int, ...], dtype: s
     """Write array ``name`` chunk by chunk along its first axis; ``make(start, rows, rng)``."""
     chunks = (min(req.chunk_rows, shape[0]), *shape[1:])
     array = create_array(req.location.join(f"{name}.zarr"), req.options, shape=shape, chunks=chunks,
-                         dtype=dtype, counters=counters)
+                         dtype=dtype, counters=counters, checksum=True)
     row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
     per_slab = max(1, SLAB_BYTES // max(1, chunks[0] * row_bytes))
     n_chunks = -(-shape[0] // chunks[0])
@@ -59,7 +59,7 @@ def _write_rows(req: DatagenRequest, name: str, shape: tuple[int, ...], dtype: s
 
 def _write_small(req: DatagenRequest, name: str, data: np.ndarray, counters: StorageCounters) -> None:
     array = create_array(req.location.join(f"{name}.zarr"), req.options, shape=data.shape,
-                         chunks=data.shape, dtype=str(data.dtype), counters=counters)
+                         chunks=data.shape, dtype=str(data.dtype), counters=counters, checksum=True)
     array[...] = data
 
 

@@ -16,7 +16,7 @@ from arrayjob.costing.estimate import estimate_job
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import load_profile
 from arrayjob.errors import InputError
-from arrayjob.io.arrays import ResultGroup, open_array_info, write_group
+from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.locations import ArrayInfo, StorageCounters
 from arrayjob.io.output import JobOutput
 from arrayjob.jobs import get_job
@@ -49,13 +49,14 @@ def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
     arrays = {}
     members = get_job(spec.algorithm).group_inputs
     for name, location in spec.inputs.items():
+        missing = spec.missing_chunks.get(name, "error")
         try:
-            arrays[name] = open_array_info(name, location, spec.storage)
+            arrays[name] = open_array_info(name, location, spec.storage, missing_chunks=missing)
         except InputError as exc:
             if "is a Zarr group" in str(exc) and name in members:
                 for member in members[name]:
                     key = f"{name}.{member}"
-                    arrays[key] = open_array_info(key, location.join(member), spec.storage)
+                    arrays[key] = open_array_info(key, location.join(member), spec.storage, missing_chunks=missing)
                 continue
             if "no Zarr array" in str(exc):
                 parent = str(location).rsplit("/", 1)[0]
@@ -69,9 +70,18 @@ def plan_options(spec: JobSpec, cluster: ClusterShape) -> PlanOptions:
     return PlanOptions(tiling=p.tiling, fusion=p.fusion, placement=p.placement, cluster=cluster)
 
 
-def prepare(spec: JobSpec) -> Job:
-    """Check the inputs against the algorithm: exist, readable, shapes and dtypes fit."""
-    return get_job(spec.algorithm)(spec.params, open_inputs(spec), spec.storage)
+def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
+    """Check the inputs against the algorithm: exist, readable, shapes and dtypes fit.
+
+    ``check_chunks`` (a run, before it plans anything): each input's first and last chunk
+    exist, so metadata declaring far more data than is stored is refused at once (two HEAD
+    requests per input; ``plan`` and ``estimate`` read metadata only)."""
+    arrays = open_inputs(spec)
+    job = get_job(spec.algorithm)(spec.params, arrays, spec.storage)  # shapes and dtypes first
+    if check_chunks:
+        for info in arrays.values():
+            check_chunks_stored(info, spec.storage)
+    return job
 
 
 def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local", wait: bool = True,
@@ -82,7 +92,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
     started = time.perf_counter()
     metrics = metrics or RunMetrics()
     with metrics.stage("validate"):
-        job = prepare(spec)
+        job = prepare(spec, check_chunks=True)
         output = JobOutput(spec.output, spec.storage, spec.digest())
         done = output.check(overwrite=overwrite, expected_bytes=job.output_bytes())
         prices = load_prices()

@@ -67,6 +67,8 @@ class JobSpec:
     planner: PlannerOptions
     source: str
     resolved: Mapping[str, Any] = field(repr=False)
+    # per input: "error" (a missing chunk is lost data) or "fill" (read as the fill value)
+    missing_chunks: Mapping[str, str] = field(default_factory=dict)
 
     def digest(self) -> str:
         """What identifies the result: job, inputs, params and output (not where or how it ran)."""
@@ -234,6 +236,27 @@ def table_to_dataclass(cls: type, table: Any, section: str) -> Any:
     return cls(**values)
 
 
+MISSING_CHUNKS = ("error", "fill")
+
+
+def _input_entry(value: Any, key: str) -> tuple[str, str]:
+    """An ``[inputs]`` entry: a URI, or ``{ uri = "...", missing_chunks = "fill" }``;
+    returns the URI and what a missing chunk means ("error" unless said otherwise)."""
+    if not isinstance(value, dict):
+        return _coerce(value, str, key), "error"
+    unknown = sorted(set(value) - {"uri", "missing_chunks"})
+    if unknown:
+        raise SpecError(f"{key}.{unknown[0]}: unknown key (expected one of: uri, missing_chunks)")
+    if "uri" not in value:
+        raise SpecError(f"{key}.uri: required key is missing")
+    uri = _coerce(value["uri"], str, f"{key}.uri")
+    missing = value.get("missing_chunks", "error")
+    if missing not in MISSING_CHUNKS:
+        raise SpecError(f"{key}.missing_chunks: expected one of {', '.join(repr(m) for m in MISSING_CHUNKS)}, "
+                        f"got {missing!r}")
+    return uri, missing
+
+
 def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
     """Check the whole spec, before anything runs."""
     from arrayjob.jobs import get_job, job_names
@@ -261,12 +284,13 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
     for extra in sorted(set(inputs_table) - set(job_class.inputs)):
         raise SpecError(f"inputs.{extra}: unknown input for {algorithm} (expected: {', '.join(job_class.inputs)})")
     inputs = {}
+    missing_chunks: dict[str, str] = {}
     for input_name in job_class.inputs:
         if input_name not in inputs_table:
             if input_name in job_class.optional_inputs:
                 continue
             raise SpecError(f"inputs.{input_name}: required input of {algorithm} is missing")
-        uri = _coerce(inputs_table[input_name], str, f"inputs.{input_name}")
+        uri, missing_chunks[input_name] = _input_entry(inputs_table[input_name], f"inputs.{input_name}")
         inputs[input_name] = parse_uri(uri, key=f"inputs.{input_name}")
 
     params = table_to_dataclass(job_class.Params, raw.get("params", {}), "params")
@@ -297,6 +321,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
         planner=planner,
         source=source,
         resolved=raw,
+        missing_chunks=missing_chunks,
     )
 
 

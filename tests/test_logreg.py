@@ -232,5 +232,5 @@ def test_corrupt_chunk_is_one_line_exit_2(workdir, capsys):
     spec = write_spec(workdir / "s.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out")
     code, out, err = run_cli(["run", str(spec)], capsys)
     assert (code, out) == (2, "")
-    assert err.startswith("arrayjob: error: inputs.X: block [") and " is corrupt: " in err
+    assert err.startswith("arrayjob: error: inputs.X: chunk (2, 0) (key 'c/2/0') of ") and " is corrupt: " in err
     assert err.count("\n") == 1 and not (workdir / "out").exists()

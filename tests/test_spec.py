@@ -159,7 +159,8 @@ def test_directory_as_spec_is_one_line_exit_2(data, capsys, command):
 def test_kmeans_k_over_distinct_rows_is_one_line_exit_2(workdir, capsys, init):
     from tests.helpers import write_spec
 
-    points = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    # no all-zero chunk: zarr would not store it, and a missing chunk is an error of its own
+    points = np.array([[1.0, 1.0], [2.0, 1.0], [1.0, 2.0]])
     write_array("X.zarr", np.repeat(points, 4, axis=0), (4, 2))  # 12 rows, 3 distinct
     spec = write_spec(workdir / "k.toml", inputs={"X": "X.zarr"}, output="out", algorithm="kmeans",
                       params=f'k = 5\ninit = "{init}"\n')

@@ -91,7 +91,7 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, a
 
     job = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *_overrides(overrides)])
     if max_cost is not None:  # checked before anything starts
-        _check_cost(_estimate(job, runner.prepare(job), nodes=1, instance_type=instance_type, iterations=None,
+        _check_cost(_estimate(job, runner.prepare(job, check_chunks=True), nodes=1, instance_type=instance_type, iterations=None,
                               prices_path=None, profile_path=None), max_cost)
     outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait,
                          notify=lambda line: click.echo(f"arrayjob: {line}", err=True))
@@ -114,14 +114,19 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, a
 @fusion_option
 @placement_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True)
+@instance_option
 @debug_option
 def plan(spec: str, overrides: tuple[str, ...], stop_after: str, nodes: int, workers_per_node: int | None,
-         tiling: str | None, fusion: str | None, placement: str | None, fmt: str, debug: bool) -> None:
+         tiling: str | None, fusion: str | None, placement: str | None, fmt: str, instance_type: str,
+         debug: bool) -> None:
     """Show how SPEC would run, without reading data: tiling, kernels, tasks, cost.
 
-    For iterative jobs this is the plan of one iteration.
+    For iterative jobs this is the plan of one iteration. Nodes have the memory of
+    --instance-type; a plan that needs more is warned of on stderr.
     """
     from arrayjob import runner
+    from arrayjob.costing.estimate import memory_warning
+    from arrayjob.costing.prices import load_prices
     from arrayjob.lazy import capture
     from arrayjob.planner.pipeline import make_plan
     from arrayjob.planner.plan import ClusterShape
@@ -129,14 +134,23 @@ def plan(spec: str, overrides: tuple[str, ...], stop_after: str, nodes: int, wor
     from arrayjob.spec import load_spec
 
     job_spec = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *overrides])
+    instance = load_prices().instance(instance_type)
     job = runner.prepare(job_spec)
-    cluster = ClusterShape(nodes=nodes, workers_per_node=workers_per_node or os.cpu_count() or 1)
+    cluster = ClusterShape(nodes=nodes, workers_per_node=workers_per_node or os.cpu_count() or 1,
+                           memory_per_node=int(instance.memory_gib * 2**30))
     graph = capture(list(job.program(cluster.workers).values()))
     options = runner.plan_options(job_spec, cluster)
     result = make_plan(graph, options, stop_after)
     title = f"{job_spec.name}: {job.describe()} — plan of one pass, after {stop_after}"
     click.echo(render(result, fmt, title, header={"job": job_spec.name, "algorithm": job_spec.algorithm,
                                                   "stop_after": stop_after}))
+    if result.cost is not None:
+        _warn(memory_warning(result.cost.peak_bytes_per_node, instance))
+
+
+def _warn(message: str) -> None:
+    if message:  # on stderr: stdout carries only the plan or estimate (--format json stays parseable)
+        click.echo(f"arrayjob: warning: {message}", err=True)
 
 
 def _estimate(job_spec, job, *, nodes: int, instance_type: str, iterations: int | None,
@@ -198,6 +212,7 @@ def estimate(spec: str, overrides: tuple[str, ...], nodes: int, instance_type: s
     est = _estimate(job_spec, job, nodes=nodes, instance_type=instance_type, iterations=iterations,
                     prices_path=prices_path, profile_path=profile_path)
     click.echo(json.dumps(est.as_dict(), indent=2) if fmt == "json" else table(est))
+    _warn(est.memory_warning)
     _check_cost(est, max_cost)
 
 

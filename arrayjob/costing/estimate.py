@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from arrayjob.planner.physical import SourceBlock
 from arrayjob.planner.pipeline import make_plan
 from arrayjob.planner.placement import placed_tree_tasks
 from arrayjob.planner.plan import ClusterShape, PlanOptions
+from arrayjob.units import size
 
 STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
 
@@ -253,9 +255,25 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.peak_bytes_per_node = [max(q[i] for q in peaks[name]) for i in range(len(peaks[name][0]))] \
             if peaks[name] else []
     result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source)
-    peak = max(result.peak_bytes_per_node, default=0)
-    if peak > cluster.memory_per_node:
-        need = math.ceil(sum(result.peak_bytes_per_node) / (0.8 * cluster.memory_per_node))
-        result.memory_warning = (f"planned peak memory {peak / 1e9:.1f} GB per node exceeds the "
-                                 f"{instance.memory_gib:g} GiB of {instance.name}; use about {need} nodes")
+    result.memory_warning = memory_warning(result.peak_bytes_per_node, instance)
     return result
+
+
+# the share of a node's memory a plan may fill when nodes are counted (Ray's object store,
+# the workers' heaps and the OS share the rest)
+MEMORY_HEADROOM = 0.8
+
+
+def memory_warning(peak_bytes_per_node: Sequence[int], instance: Instance) -> str:
+    """One line when a plan needs more memory on a node than an ``instance`` node has: the
+    plan's peak per node, the node's memory, and the node count that would hold the plan
+    (its peaks summed, spread at ``MEMORY_HEADROOM``); empty when it fits."""
+    peak = max(peak_bytes_per_node, default=0)
+    memory = int(instance.memory_gib * 2**30)
+    if peak <= memory:
+        return ""
+    need = math.ceil(sum(peak_bytes_per_node) / (MEMORY_HEADROOM * memory))
+    return (f"the plan needs {size(peak)} of memory on a node, but one {instance.name} node has "
+            f"{instance.memory_gib:g} GiB ({len(peak_bytes_per_node)} node(s) planned): about {need:,} such "
+            f"nodes would hold it (--nodes {need}); inputs bigger than the cluster's memory are not "
+            f"streamed yet (issue #17)")

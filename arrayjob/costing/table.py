@@ -57,8 +57,6 @@ def table(est: Estimate) -> str:
     lines.append("─" * (width + 37))
     peak = max(est.peak_bytes_per_node, default=0)
     lines.append(f" Peak memory per node: {size(peak)} (of {est.instance.memory_gib:g} GiB)")
-    if est.memory_warning:
-        lines.append(f" WARNING: {est.memory_warning}")
     lines += [f" Assumes: {a}" for a in est.assumptions()]
     lines.append("")
     lines.append(summary(est))

@@ -7,22 +7,30 @@ process runs ``read_block``, so the driver never holds a big array.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import zarr
 import zarr.errors
+from zarr.codecs import Crc32cCodec
+from zarr.core.sync import sync
 
 from arrayjob.errors import InputError, StorageError
-from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure
+from arrayjob.io.backend import MissingChunk, backend_for, describe_failure, is_storage_failure
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
 from arrayjob.io.storage import zarr_store
 
 
-def open_array_info(name: str, location: Location, options: StorageOptions) -> ArrayInfo:
-    """Read the metadata of the array named ``name`` (``inputs.<name>`` in errors)."""
+def open_array_info(name: str, location: Location, options: StorageOptions, *,
+                    missing_chunks: str = "error") -> ArrayInfo:
+    """Read the metadata of the array named ``name`` (``inputs.<name>`` in errors).
+
+    ``missing_chunks``: "error" (a chunk absent from storage is lost data: reading it fails)
+    or "fill" (a sparse array: absent chunks read as the fill value)."""
     try:
         array = zarr.open_array(store=zarr_store(location, options, read_only=True), mode="r")
     except (FileNotFoundError, zarr.errors.ArrayNotFoundError, zarr.errors.NodeNotFoundError):
@@ -41,7 +49,49 @@ def open_array_info(name: str, location: Location, options: StorageOptions) -> A
         dtype=str(array.dtype),
         chunks=tuple(int(c) for c in chunks),
         zarr_format=int(array.metadata.zarr_format),
+        missing_chunks=missing_chunks,
     )
+
+
+def _chunk_key(array: zarr.Array, index: tuple[int, ...]) -> str:
+    if array.metadata.zarr_format == 2:
+        separator = array.metadata.dimension_separator or "."
+        return separator.join(str(i) for i in index) or "0"
+    return array.metadata.chunk_key_encoding.encode_chunk_key(index)
+
+
+def _missing_chunk_message(info: ArrayInfo, key: str, sharded: bool) -> str:
+    index = tuple(int(i) for i in re.findall(r"\d+", key))  # "c/3/0" (v3), "3.0" (v2): keys from the array's root
+    what = "shard" if sharded else "chunk"
+    return (f"inputs.{info.name}: {what} {index} (key {key!r}) of {info.uri} is missing: lost data "
+            f"(for a sparse array, missing_chunks = \"fill\" in [inputs] reads it as the fill value)")
+
+
+def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
+    """Check that the first and the last chunk (or shard) of ``info`` exist: two HEAD requests
+    that catch metadata declaring a shape the stored data do not have, before any planning.
+    An empty array, or one whose missing chunks are to be read as fill values, passes."""
+    if info.missing_chunks == "fill" or 0 in info.shape:
+        return
+    try:
+        store = backend_for(info.location, options).zarr_store(read_only=True)
+        array = zarr.open_array(store=store, mode="r")
+        grid = array.cdata_shape if array.shards is None else tuple(
+            -(-s // c) for s, c in zip(array.shape, array.shards, strict=True))
+        first = tuple(0 for _ in grid)
+        last = tuple(g - 1 for g in grid)
+        for index in dict.fromkeys([first, last]):
+            key = _chunk_key(array, index)
+            if not sync(store.exists(key)):
+                raise InputError(_missing_chunk_message(info, key, array.shards is not None))
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        if is_storage_failure(exc):
+            raise StorageError(f"inputs.{info.name}: checking the chunks of {info.uri} failed: "
+                               f"{describe_failure(exc)}") from None
+        raise InputError(f"inputs.{info.name}: {info.uri} is not a readable Zarr array: "
+                         f"{describe_failure(exc)}") from None
 
 
 def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, Any]:
@@ -56,28 +106,63 @@ def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, A
 def _open_for_reading(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
     # Cached per worker process: a block read costs its chunk GETs, not a metadata GET too.
     counters = StorageCounters()
-    store = backend_for(info.location, options).block_store(counters)
+    store = backend_for(info.location, options).block_store(counters, refuse_missing=info.missing_chunks != "fill")
     return zarr.open_array(store=store, mode="r"), counters
 
 
 def read_block(
     info: ArrayInfo, selection: tuple[slice, ...], options: StorageOptions
 ) -> tuple[np.ndarray, StorageCounters]:
-    """Read ``info[selection]``; returns the block and the requests it took."""
+    """Read ``info[selection]``; returns the block and the requests it took.
+
+    A missing chunk (unless ``info.missing_chunks`` is "fill") or a chunk that fails to
+    decode (a checksum mismatch, bytes of the wrong size) is an ``InputError`` naming it."""
     try:
         array, counters = _open_for_reading(info, options)
-        before = StorageCounters(**counters.as_dict())
+    except Exception as exc:  # noqa: BLE001
+        raise _read_failure(info, selection, exc) from None
+    before = StorageCounters(**counters.as_dict())
+    try:
         block = np.ascontiguousarray(array[selection])
+    except MissingChunk as missing:
+        raise InputError(_missing_chunk_message(info, missing.key, array.shards is not None)) from None
     except Exception as exc:  # noqa: BLE001
         _open_for_reading.cache_clear()
-        where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
-        if is_storage_failure(exc):
-            raise StorageError(f"inputs.{info.name}: reading [{where}] of {info.uri} failed: {describe_failure(exc)}") from None
-        raise InputError(f"inputs.{info.name}: block [{where}] of {info.uri} is corrupt: {describe_failure(exc)}") from None
+        if not is_storage_failure(exc):
+            _name_bad_chunk(info, array, selection)
+        raise _read_failure(info, selection, exc) from None
     used = StorageCounters(
         **{k: v - getattr(before, k) for k, v in counters.as_dict().items()}
     )
     return block, used
+
+
+def _read_failure(info: ArrayInfo, selection: tuple[slice, ...], exc: Exception) -> Exception:
+    where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
+    if is_storage_failure(exc):
+        return StorageError(f"inputs.{info.name}: reading [{where}] of {info.uri} failed: {describe_failure(exc)}")
+    return InputError(f"inputs.{info.name}: block [{where}] of {info.uri} is corrupt: {describe_failure(exc)}")
+
+
+def _name_bad_chunk(info: ArrayInfo, array: zarr.Array, selection: tuple[slice, ...]) -> None:
+    """After a block failed to decode, read its chunks (shards) one by one to name the bad one;
+    raises ``InputError`` for it, or returns if none fails alone. Costs requests only on failure."""
+    ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(selection, info.chunks, strict=True)]
+    for index in itertools.product(*ranges):
+        region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, info.chunks, info.shape, strict=True))
+        try:
+            array[region]
+        except MissingChunk as missing:
+            raise InputError(_missing_chunk_message(info, missing.key, array.shards is not None)) from None
+        except Exception as exc:  # noqa: BLE001
+            if is_storage_failure(exc):
+                return
+            what = "shard" if array.shards is not None else "chunk"
+            cause = describe_failure(exc)
+            if "checksum do not match" in cause:  # zarr's Crc32cCodec
+                cause = "its CRC32C checksum does not match its bytes"
+            raise InputError(f"inputs.{info.name}: {what} {index} (key {_chunk_key(array, index)!r}) of {info.uri} "
+                             f"is corrupt: {cause}") from None
 
 
 def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) -> np.ndarray:
@@ -118,11 +203,16 @@ def create_array(
     chunks: tuple[int, ...],
     dtype: str,
     counters: StorageCounters | None = None,
+    checksum: bool = False,
 ) -> zarr.Array:
-    """Create (replacing) an uncompressed Zarr v3 array for writing block by block."""
+    """Create (replacing) an uncompressed Zarr v3 array for writing block by block.
+
+    ``checksum``: each chunk ends with its CRC32C (Zarr's ``crc32c`` codec), which every
+    read verifies: a chunk damaged at rest is refused instead of read as numbers."""
     store = zarr_store(location, options, read_only=False, counters=counters)
     return zarr.create_array(
-        store=store, shape=shape, chunks=chunks, dtype=dtype, compressors=None, overwrite=True
+        store=store, shape=shape, chunks=chunks, dtype=dtype, overwrite=True,
+        compressors=[Crc32cCodec()] if checksum else None,
     )
 
 

@@ -31,22 +31,47 @@ from arrayjob.io.locations import Location, StorageCounters, StorageOptions
 _BACKENDS = {"file": "arrayjob.io._local:LocalBackend", "s3": "arrayjob.io._s3:S3Backend"}
 
 
-class CountingStore(WrapperStore[Store]):
-    """A Zarr store that counts the GET and PUT requests and bytes of the store it wraps."""
+# Zarr's metadata documents: absent ones are probed when an array is opened (v2 and v3 alike)
+_METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
 
-    def __init__(self, store: Store, counters: StorageCounters | None = None) -> None:
+
+class MissingChunk(Exception):  # noqa: N818 - a signal caught by io.arrays.read_block, never shown
+    """A chunk (or shard) object that a read needed is absent from a store that refuses fill values."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+class CountingStore(WrapperStore[Store]):
+    """A Zarr store that counts the GET and PUT requests and bytes of the store it wraps.
+
+    ``refuse_missing``: a GET of a chunk key that finds no object raises ``MissingChunk``
+    instead of returning nothing, which Zarr would read as the array's fill value. The
+    GET is the one Zarr makes anyway, so refusing costs no request.
+    """
+
+    def __init__(self, store: Store, counters: StorageCounters | None = None, *,
+                 refuse_missing: bool = False) -> None:
         super().__init__(store)
         self.counters = counters if counters is not None else StorageCounters()
+        self.refuse_missing = refuse_missing
 
     def _with_store(self, store: Store) -> CountingStore:
-        return type(self)(store, self.counters)
+        return type(self)(store, self.counters, refuse_missing=self.refuse_missing)
+
+    def _absent(self, key: str) -> None:
+        if self.refuse_missing and key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
+            raise MissingChunk(key)
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
         value = await self._store.get(key, prototype, byte_range)
         self.counters.get_requests += 1
-        if value is not None:
+        if value is None:
+            self._absent(key)
+        else:
             self.counters.bytes_read += len(value)
         return value
 
@@ -57,6 +82,9 @@ class CountingStore(WrapperStore[Store]):
         values = await self._store.get_partial_values(prototype, key_ranges)
         self.counters.get_requests += len(key_ranges)
         self.counters.bytes_read += sum(len(v) for v in values if v is not None)
+        for (key, _), value in zip(key_ranges, values, strict=True):
+            if value is None:
+                self._absent(key)
         return values
 
     async def set(self, key: str, value: Buffer) -> None:
@@ -89,9 +117,10 @@ class StorageBackend(ABC):
         """The Zarr store (array or group) at this location, counting into ``counters``."""
         return CountingStore(self._zarr_store(read_only=read_only), counters)
 
-    def block_store(self, counters: StorageCounters | None = None) -> CountingStore:
-        """A read-only store for a worker's chunk-aligned block reads (the load stage)."""
-        return self.zarr_store(read_only=True, counters=counters)
+    def block_store(self, counters: StorageCounters | None = None, *, refuse_missing: bool = True) -> CountingStore:
+        """A read-only store for a worker's chunk-aligned block reads (the load stage); a
+        missing chunk raises ``MissingChunk`` unless ``refuse_missing`` is false."""
+        return CountingStore(self._zarr_store(read_only=True), counters, refuse_missing=refuse_missing)
 
     @abstractmethod
     def _zarr_store(self, *, read_only: bool) -> Store: ...

@@ -100,6 +100,9 @@ class ArrayInfo:
     dtype: str
     chunks: tuple[int, ...]
     zarr_format: int
+    # what a missing chunk means: "error" (lost data, refused) or "fill" (a sparse array:
+    # read as the fill value); ``[inputs]`` sets it per input
+    missing_chunks: str = "error"
 
     @property
     def uri(self) -> str:

@@ -26,6 +26,7 @@ in the object store where their tasks ran, and later plans take them zero-copy.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from collections.abc import Mapping
@@ -149,11 +150,25 @@ class RayExecutor:
 
     def _collect_stats(self) -> None:
         pending, self._pending_stats = self._pending_stats, []
-        for (key, _), stats in zip(pending, self._get([ref for _, ref in pending]), strict=True):
+        try:
+            # ray.get of a list raises at the first failed read, without waiting for the rest
+            collected = self._get([ref for _, ref in pending])
+        except BaseException:
+            self._cancel_loads(pending)
+            raise
+        for (key, _), stats in zip(pending, collected, strict=True):
             counters = StorageCounters(**{k: stats[k] for k in StorageCounters.__dataclass_fields__})
             self.metrics.count_storage(counters)
             self.metrics.hold_block(stats["node"], stats["nbytes"])
             self._block_home[key] = (stats["node"], stats["nbytes"])
+
+    def _cancel_loads(self, pending: list[tuple[BlockKey, ray.ObjectRef]]) -> None:
+        """Cancel block reads still queued or running after one failed: the job stops, and a
+        shared cluster should not go on reading (and holding) blocks for it."""
+        for key, stats in pending:
+            self._blocks.pop(key, None)
+            with contextlib.suppress(Exception):  # best effort: the job is failing anyway
+                ray.cancel(stats)  # one return of a task cancels the task; a finished one is left
 
     def _get(self, refs: list[ray.ObjectRef]) -> list[Any]:
         try:
