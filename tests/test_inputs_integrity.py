@@ -259,3 +259,23 @@ def test_plan_and_estimate_warn_when_a_node_is_too_small(huge, capsys):
 
     code, out, err = run_cli(["plan", str(huge), "--nodes", "3"], capsys)  # the suggested count fits
     assert code == 0 and "warning" not in err
+
+
+# -- what arrayjob writes passes its own checks --------------------------------------------------
+def test_results_store_every_chunk_with_a_checksum(tmp_path: Path) -> None:
+    """A result chunk of zeros is stored (Zarr skips fill-value chunks by default), so a
+    result read as a later job's input is not refused as lost data; and it is checksummed."""
+    from arrayjob.io.arrays import ResultGroup, write_block, write_group
+
+    group = ResultGroup(parse_uri(str(tmp_path / "result.zarr")), StorageOptions())
+    info = group.create_array("labels", shape=(8,), chunks=(4,), dtype="int64")
+    write_block(info, StorageOptions(), ((0, 8),), np.array([0, 0, 0, 0, 1, 2, 3, 1]))  # chunk 0: fill values
+    write_group(group.location, StorageOptions(), {"coef": np.zeros(3)}, {})
+    assert (tmp_path / "result.zarr" / "labels" / "c" / "0").exists()
+    assert (tmp_path / "result.zarr" / "coef" / "c" / "0").exists()
+    for name in ("labels", "coef"):
+        codecs = json.loads((tmp_path / "result.zarr" / name / "zarr.json").read_text())["codecs"]
+        assert "crc32c" in [c["name"] for c in codecs]
+        read = open_array_info(name, parse_uri(str(tmp_path / "result.zarr" / name)), StorageOptions())
+        block, _ = read_block(read, tuple(slice(0, s) for s in read.shape), StorageOptions())
+        assert not block.any() if name == "coef" else block[:4].sum() == 0

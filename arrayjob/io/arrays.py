@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import zarr
 import zarr.errors
-from zarr.codecs import Crc32cCodec
+from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
 from arrayjob.errors import InputError, StorageError
@@ -102,6 +102,11 @@ def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, A
         raise InputError(f"{location}: cannot read the group's attributes: {describe_failure(exc)}") from None
 
 
+# How arrayjob writes arrays: every chunk stored, even one equal to the fill value (Zarr
+# skips those by default), so a chunk missing from an array arrayjob wrote is lost data.
+EVERY_CHUNK = {"write_empty_chunks": True}
+
+
 @functools.lru_cache(maxsize=64)
 def _open_for_reading(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
     # Cached per worker process: a block read costs its chunk GETs, not a metadata GET too.
@@ -177,7 +182,7 @@ def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) ->
 def _open_for_writing(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
     counters = StorageCounters()
     store = zarr_store(info.location, options, read_only=False, counters=counters)
-    return zarr.open_array(store=store, mode="r+"), counters
+    return zarr.open_array(store=store, mode="r+").with_config(EVERY_CHUNK), counters  # open_array drops config
 
 
 def write_block(target: ArrayInfo, options: StorageOptions, selection: tuple[tuple[int, int], ...],
@@ -208,11 +213,14 @@ def create_array(
     """Create (replacing) an uncompressed Zarr v3 array for writing block by block.
 
     ``checksum``: each chunk ends with its CRC32C (Zarr's ``crc32c`` codec), which every
-    read verifies: a chunk damaged at rest is refused instead of read as numbers."""
+    read verifies: a chunk damaged at rest is refused instead of read as numbers.
+    Every chunk is stored, even one that equals the fill value (Zarr skips those by
+    default): a chunk missing from an array arrayjob wrote is lost data, as in any input.
+    """
     store = zarr_store(location, options, read_only=False, counters=counters)
     return zarr.create_array(
         store=store, shape=shape, chunks=chunks, dtype=dtype, overwrite=True,
-        compressors=[Crc32cCodec()] if checksum else None,
+        compressors=[Crc32cCodec()] if checksum else None, config=EVERY_CHUNK,
     )
 
 
@@ -234,7 +242,8 @@ class ResultGroup:
                 zarr.open_group(store=zarr_store(self.location, self.options, read_only=False, counters=self.counters),
                                 mode="w", zarr_format=3)
                 self._created = True
-            create_array(location, self.options, shape=shape, chunks=chunks, dtype=dtype, counters=self.counters)
+            create_array(location, self.options, shape=shape, chunks=chunks, dtype=dtype, counters=self.counters,
+                         checksum=True)
         except Exception as exc:  # noqa: BLE001
             raise StorageError(f"output: creating {location} failed: {describe_failure(exc)}") from None
         return ArrayInfo(name, location, tuple(shape), str(np.dtype(dtype)), tuple(chunks), 3)
@@ -254,7 +263,8 @@ def write_group(
         group.update_attributes(dict(attrs))  # one PUT (attrs.update writes zarr.json once per key)
         for name, value in arrays.items():
             value = np.asarray(value)
-            group.create_array(name, data=value, chunks=value.shape or None)
+            group.create_array(name, data=value, chunks=value.shape or None, config=EVERY_CHUNK,
+                               compressors=[ZstdCodec(level=0), Crc32cCodec()])
     except Exception as exc:  # noqa: BLE001
         raise StorageError(f"output: writing {location} failed: {describe_failure(exc)}") from None
 
