@@ -16,7 +16,12 @@ import zarr
 import zarr.errors
 
 from arrayjob.errors import InputError, StorageError
-from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure
+from arrayjob.io.backend import (
+    backend_for,
+    describe_failure,
+    failed_request,
+    is_storage_failure,
+)
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
 from arrayjob.io.storage import zarr_store
 
@@ -26,6 +31,9 @@ def open_array_info(name: str, location: Location, options: StorageOptions) -> A
     try:
         array = zarr.open_array(store=zarr_store(location, options, read_only=True), mode="r")
     except (FileNotFoundError, zarr.errors.ArrayNotFoundError, zarr.errors.NodeNotFoundError):
+        if not _bucket_exists(location, options):
+            bucket = location.path.partition("/")[0]
+            raise InputError(f"inputs.{name}: bucket {bucket!r} does not exist (reading {location})") from None
         raise InputError(f"inputs.{name}: no Zarr array at {location}") from None
     except zarr.errors.NodeTypeValidationError:
         raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
@@ -42,6 +50,13 @@ def open_array_info(name: str, location: Location, options: StorageOptions) -> A
         chunks=tuple(int(c) for c in chunks),
         zarr_format=int(array.metadata.zarr_format),
     )
+
+
+def _bucket_exists(location: Location, options: StorageOptions) -> bool:
+    try:
+        return backend_for(location, options).bucket_exists()
+    except Exception:  # noqa: BLE001 - cannot tell: say what was not found instead
+        return True
 
 
 def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, Any]:
@@ -72,12 +87,27 @@ def read_block(
         _open_for_reading.cache_clear()
         where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
         if is_storage_failure(exc):
-            raise StorageError(f"inputs.{info.name}: reading [{where}] of {info.uri} failed: {describe_failure(exc)}") from None
+            raise StorageError(f"inputs.{info.name}: {_failed_read(info, where, exc)}") from None
         raise InputError(f"inputs.{info.name}: block [{where}] of {info.uri} is corrupt: {describe_failure(exc)}") from None
     used = StorageCounters(
         **{k: v - getattr(before, k) for k, v in counters.as_dict().items()}
     )
     return block, used
+
+
+def _failed_read(info: ArrayInfo, where: str, exc: BaseException) -> str:
+    """"reading chunk c/3/0 of s3://b/X.zarr failed: 403 Forbidden", naming the chunk when
+    the failed request says which."""
+    request = failed_request(exc)
+    if request is not None:
+        method, url, cause = request
+        _, found, key = url.partition(info.location.path.rstrip("/") + "/")
+        attempts = getattr(exc, "attempts", 1)
+        tries = f" (after {attempts} attempts)" if attempts > 1 else ""
+        if found:
+            return f"reading chunk {key} of {info.uri} failed: {method} {cause}{tries}"
+        return f"reading [{where}] of {info.uri} failed: {method} {url}: {cause}{tries}"
+    return f"reading [{where}] of {info.uri} failed: {describe_failure(exc)}"
 
 
 def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) -> np.ndarray:
