@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cols", type=int, default=16)
     parser.add_argument("--chunk-rows", type=int, default=10_000)
     parser.add_argument("--max-iter", type=int, default=60)
-    parser.add_argument("--kill-after", type=float, default=3.0)
+    parser.add_argument("--kill-after", type=float, default=1.0)
     parser.add_argument("--no-kill", action="store_true")
     parser.add_argument("--timeout", type=float, default=240)
     args = parser.parse_args(argv)
@@ -91,20 +91,26 @@ def main(argv: list[str] | None = None) -> int:
         calm = subprocess.run([*arrayjob, "run", str(specs["calm"]), "--json"], capture_output=True, text=True,
                               timeout=args.timeout)
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
+        while ray.available_resources().get("CPU", 0) < 3:  # the calm run's workers are gone
+            time.sleep(0.1)
         job = subprocess.Popen([*arrayjob, "run", str(specs["out"]), "--json"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-        killed = False
-        deadline = time.monotonic() + args.timeout
+        killed = None
+        started = time.monotonic()
+        deadline = started + args.timeout
         while not args.no_kill and job.poll() is None and time.monotonic() < deadline:
             if ray.available_resources().get("CPU", 3) < 3:  # the job's tasks are running
                 time.sleep(args.kill_after)
+                if job.poll() is not None:
+                    break
+                killed = round(time.monotonic() - started, 2)
                 cluster.remove_node(workers[-1], allow_graceful=False)
-                killed = True
                 break
             time.sleep(0.05)
         out, err = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        ended = round(time.monotonic() - started, 2)
         report = _report(out) if job.returncode == 0 else None
-        (root / "outcome.json").write_text(json.dumps({"exit": job.returncode, "killed": killed, "report": report, "stderr": err[-3000:],
+        (root / "outcome.json").write_text(json.dumps({"exit": job.returncode, "killed": killed, "ended": ended, "report": report, "stderr": err[-3000:],
                           "stdout_other_lines": len(out.splitlines()) - len(json.dumps(report, indent=2).splitlines()) if report else None,
             "calm": _report(calm.stdout) if calm.returncode == 0 else None, "calm_stderr": calm.stderr[-3000:],
             "x_bytes": args.rows * args.cols * 8}))

@@ -168,7 +168,8 @@ def test_a_retried_task_is_counted(tmp_path: Path) -> None:
     out = session.compute({"s": Xa.sum(axis=0)})
     np.testing.assert_allclose(out["s"], X.sum(axis=0), rtol=1e-12)
     assert marker.exists()
-    assert executor.metrics.faults.task_retries == 1
+    # one crash per worker that found no marker: two workers may both have crashed
+    assert 1 <= executor.metrics.faults.task_retries <= 2
     assert executor.metrics.faults.events[0]["kind"] == "task_retry"
 
 

@@ -176,7 +176,8 @@ class RayExecutor:
         return {"scheduling_strategy": NodeAffinitySchedulingStrategy(target, soft=True)}
 
     def _home(self, plan: PhysicalPlan, task: Any) -> str | None:
-        """The node holding ``task``'s first held block (source or kept), if known."""
+        """The node holding most of ``task``'s held blocks (source or kept), by bytes, if known."""
+        held: Counter[str] = Counter()
         for arg in task.args:
             if isinstance(arg, SourceBlock):
                 found = self._block_home.get((plan.source(arg.array), arg.index))
@@ -184,9 +185,9 @@ class RayExecutor:
                 found = self._kept_home.get(self._kept[arg.handle][arg.position])
             else:
                 continue
-            if found is not None:
-                return found[0]
-        return None
+            if found is not None and found[0] not in self._lost:
+                held[found[0]] += found[1]
+        return held.most_common(1)[0][0] if held else None
 
     # -- faults ------------------------------------------------------------------------------
     def check_nodes(self, *, every: float = 0.0) -> None:
@@ -398,13 +399,8 @@ class RayExecutor:
             if key in used:
                 load.copies[used[key]] |= {node_index(n) for n in nodes}
         touched = 0
-        import os as _os  # DEBUG
         for task, node, (_, out_bytes, in_bytes, _) in zip(plan.tasks, task_nodes, records, strict=True):
-            m = load.run(task, node, out_bytes)
-            if m > 100000 and _os.environ.get("DEBUGX"):
-                print("MOVE", task.id, task.kernel.name, "planned", task.node, "ran", node, m,
-                      [(type(a).__name__, getattr(a, "index", None), load.home.get(a)) for a in task.args],
-                      "lost", [index.get(n) for n in self._lost], file=sys.stderr)
+            load.run(task, node, out_bytes)
             touched += in_bytes + sum(out_bytes)
 
         def by_node(counts: list[int]) -> dict[str, int]:
