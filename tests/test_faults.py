@@ -137,8 +137,11 @@ def test_retry_settings_are_checked(tmp_path: Path, setting: str) -> None:
     from arrayjob.spec import load_spec
 
     spec = write_spec(tmp_path / "spec.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out", storage=setting)
-    with pytest.raises(SpecError, match=rf"^storage\.{setting.split()[0]}: "):
+    with pytest.raises(SpecError, match=rf"^storage\.{setting.split()[0]}: expected "):
         load_spec(str(spec))
+    good = write_spec(tmp_path / "good.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out",
+                      storage="max_attempts = 3\nretry_timeout = 20\n")
+    assert load_spec(str(good)).storage == StorageOptions(max_attempts=3, retry_timeout=20.0)
 
 
 # -- tasks --------------------------------------------------------------------------------------
