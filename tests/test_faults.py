@@ -75,9 +75,9 @@ def test_retries_stop_at_max_attempts(tmp_path: Path, s3_endpoint: str, s3_bucke
         before = storage_retries()
         open_array_info("X", location, StorageOptions(endpoint_url=proxy.url, max_attempts=3))
         assert storage_retries() - before == proxy.slowed > 0
-    with FaultProxy(s3_endpoint, slow_every=1, slow_at=0) as proxy:  # every request: 503
-        with pytest.raises(InputError, match=r"503 Service Unavailable \(after 2 attempts\)"):
-            open_array_info("X", location, StorageOptions(endpoint_url=proxy.url, max_attempts=2))
+    with FaultProxy(s3_endpoint, slow_every=1, slow_at=0) as proxy, \
+            pytest.raises(InputError, match=r"503 Service Unavailable \(after 2 attempts\)"):  # every request: 503
+        open_array_info("X", location, StorageOptions(endpoint_url=proxy.url, max_attempts=2))
     with FaultProxy(s3_endpoint, slow_every=1, slow_at=0) as proxy:
         backend = backend_for(location, StorageOptions(endpoint_url=proxy.url, max_attempts=4))
         with pytest.raises(OSError, match=r"GET \S+/X.zarr/zarr.json: 503 Service Unavailable \(after 4 attempts\)"):

@@ -130,13 +130,14 @@ class RetryingStore(WrapperStore[Store]):
         await _retrying_async(self.options, lambda: self._store.delete(key))
 
 
-def _bucket_region(session: Any, bucket: str, options: StorageOptions) -> str:
+def _bucket_region(session: Any, bucket: str, options: StorageOptions | None = None) -> str:
     """The AWS region of ``bucket`` from a HEAD request's ``x-amz-bucket-region`` header
     (sent even when the request is redirected or refused). s3fs finds it the same way;
     object_store, under obstore, does not, and signs for the region it is given."""
     import botocore.config
     import botocore.exceptions
 
+    options = options or StorageOptions()
     timeout = min(60.0, options.retry_timeout)
     config = botocore.config.Config(retries={"mode": "standard", "total_max_attempts": options.max_attempts},
                                     connect_timeout=timeout, read_timeout=timeout)
