@@ -23,7 +23,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -122,6 +122,20 @@ class RetryingStore(WrapperStore[Store]):
 
     async def set(self, key: str, value: Buffer) -> None:
         await _retrying_async(self.options, lambda: self._store.set(key, value))
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        # zarr's ObjectStore ignores "already exists": a retry after a lost answer is safe
+        await _retrying_async(self.options, lambda: self._store.set_if_not_exists(key, value))
+
+    async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
+        # through our set (WrapperStore hands the batch to the inner store, past the retries)
+        await asyncio.gather(*(self.set(key, value) for key, value in values))
+
+    async def _get_many(
+        self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]
+    ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)
 
     async def exists(self, key: str) -> bool:
         return await _retrying_async(self.options, lambda: self._store.exists(key))
