@@ -86,6 +86,25 @@ def test_retries_stop_at_max_attempts(tmp_path: Path, s3_endpoint: str, s3_bucke
 
 
 @pytest.mark.s3
+def test_result_writes_are_retried(s3_endpoint: str, s3_bucket: str) -> None:
+    """Zarr's metadata and chunk writes (``set``, batched ``_set_many``) go through the retries."""
+    from arrayjob.io.arrays import write_group
+    from arrayjob.io.backend import storage_retries
+    from arrayjob.io.locations import parse_uri
+    from tests.helpers import read_group
+
+    arrays = {"a": np.arange(6.0), "b": np.eye(3)}
+    with FaultProxy(s3_endpoint, slow_every=2, slow_at=1, drop_every=5, drop_at=3) as proxy:
+        before = storage_retries()
+        write_group(parse_uri(f"s3://{s3_bucket}/r.zarr"), StorageOptions(endpoint_url=proxy.url), arrays, {"k": 1})
+        assert storage_retries() - before == proxy.slowed + proxy.dropped > 0
+    group = read_group(f"s3://{s3_bucket}/r.zarr", s3_endpoint)
+    assert dict(group.attrs) == {"k": 1}
+    for name, value in arrays.items():
+        np.testing.assert_array_equal(group[name][...], value)
+
+
+@pytest.mark.s3
 def test_botocore_retries_are_counted(s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The bucket region lookup (botocore, standard retry mode) retries with max_attempts and counts it."""
     import boto3
