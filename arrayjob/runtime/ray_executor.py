@@ -24,9 +24,10 @@ Faults: every task reports its Ray attempt number (0 on the first execution; in 
 stats or the record), so ``faults.task_retries`` counts the executions Ray repeated. The
 executor watches the cluster's nodes (``ray.nodes()``, at most once a second, and at once
 when a task reports a retry or ran away from its planned node): a node alive when the
-executor started, or seen since, that is no longer alive is lost. Tasks planned on a lost
-node get Ray's default, locality-aware scheduling, so they run where their blocks are
-now. A held block (source or kept) whose home was a lost node is looked up again
+executor started, or seen since, that is no longer alive is lost. A task planned on a lost
+node is pinned (softly) to the node holding most of its held blocks' bytes now, or left to
+Ray's scheduler if none is known: Ray's own fallback for a dead node ignores where the
+arguments are, and moved a whole block every iteration. A held block (source or kept) whose home was a lost node is looked up again
 (``ray.experimental.get_object_locations``) after the next run, when Ray has rebuilt it
 from its lineage: it is re-homed there (so the replay counts what moves from where the
 block is, not from a dead node) and counted in ``faults.blocks_reconstructed``.
@@ -164,7 +165,7 @@ class RayExecutor:
 
     def _options(self, node: int | None, home: str | None = None) -> dict[str, Any]:
         """Where a task planned on ``node`` runs: there, or, if that node is lost, on ``home``
-        (where its first held block is now), else where Ray's scheduler puts it."""
+        (``_home``: where most of its held blocks are now), else where Ray's scheduler puts it."""
         if node is None or not self.node_ids:
             return {}
         order = self.node_order
