@@ -17,6 +17,7 @@ from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import load_profile
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
+from arrayjob.io.backend import storage_retries
 from arrayjob.io.locations import ArrayInfo, StorageCounters
 from arrayjob.io.output import JobOutput
 from arrayjob.jobs import get_job
@@ -91,6 +92,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
     ``metrics`` (fresh by default) is where the run counts what happens, stage by stage."""
     started = time.perf_counter()
     metrics = metrics or RunMetrics()
+    retries = storage_retries()  # this (driver) process's; the workers' come with their reads
     with metrics.stage("validate"):
         job = prepare(spec, check_chunks=True)
         output = JobOutput(spec.output, spec.storage, spec.digest())
@@ -118,11 +120,13 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
             result = job.run(JobContext(session, metrics, spec.storage, group))
             metrics.count_storage(group.counters)
+            executor.check_nodes()
 
         with metrics.stage("write"):
             written = StorageCounters()
             write_group(group.location, spec.storage, result.arrays, result.attrs, written)
             metrics.count_storage(written)
+        metrics.fault("storage_retry", storage_retries() - retries)
         report = build_report(
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
             instance=instance, prices=prices, estimate=predicted,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +95,16 @@ def block_kernel(outputs: list[Any], values: dict[str, Any]) -> tuple[Any, list[
             steps.append(Step(node.op, node.attrs, tuple(slot[j] for j in node.inputs), node.dtype))
     kernel = BlockKernel("k", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
     return kernel, [values[graph.nodes[i].attrs.name] for i in leaves]
+
+
+@dataclass(frozen=True)
+class CrashOnce:
+    """A block check that kills its worker process the first time it runs (a lost worker);
+    ``marker`` is a file it creates then, so later attempts pass."""
+
+    marker: str
+
+    def __call__(self, block: np.ndarray) -> None:
+        if not os.path.exists(self.marker):
+            Path(self.marker).write_text("crashed")
+            os._exit(1)

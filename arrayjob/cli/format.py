@@ -42,6 +42,21 @@ def figures(report: dict[str, Any], *, table: bool) -> str:
     return "\n".join(lines)
 
 
+def _nodes(report: dict[str, Any]) -> str:
+    cluster = report["cluster"]
+    n, lost = cluster["nodes"], cluster.get("nodes_lost", 0)
+    return f"{n} node(s)" if not lost else f"{n} nodes, {lost} lost"
+
+
+def faults_line(report: dict[str, Any]) -> list[str]:
+    """"  faults: 1 node lost, 4 blocks rebuilt, 2 task retries, 7 storage retries", if any."""
+    f = report.get("faults") or {}
+    kinds = (("nodes_lost", "node lost", "nodes lost"), ("blocks_reconstructed", "block rebuilt", "blocks rebuilt"),
+             ("task_retries", "task retry", "task retries"), ("storage_retries", "storage retry", "storage retries"))
+    parts = [f"{f[key]} {one if f[key] == 1 else many}" for key, one, many in kinds if f.get(key)]
+    return [f"  faults: {', '.join(parts)}"] if parts else []
+
+
 def summary(outcome: Any, *, table: bool = False) -> str:
     """What `arrayjob run` prints when it finishes."""
     spec = outcome.spec
@@ -58,7 +73,8 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         f"  wall {r['wall_seconds']:.2f} s: {stages}",
         f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
-        f"{r['tasks']['count']:,} tasks on {r['cluster']['nodes']} node(s), {r['cluster']['cpus']} CPUs",
+        f"{r['tasks']['count']:,} tasks on {_nodes(r)}, {r['cluster']['cpus']} CPUs",
+        *faults_line(r),
         f"  result: {spec.output.join(outcome.manifest['prefix'])}/result.zarr (run {outcome.manifest['run_id']}); "
         "report.json, report.html beside it",
         figures(r, table=table),

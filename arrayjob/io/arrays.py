@@ -20,7 +20,13 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
 from arrayjob.errors import InputError, StorageError
-from arrayjob.io.backend import MissingChunk, backend_for, describe_failure, is_storage_failure
+from arrayjob.io.backend import (
+    MissingChunk,
+    backend_for,
+    describe_failure,
+    failed_request,
+    is_storage_failure,
+)
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
 from arrayjob.io.storage import zarr_store
 
@@ -34,6 +40,9 @@ def open_array_info(name: str, location: Location, options: StorageOptions, *,
     try:
         array = zarr.open_array(store=zarr_store(location, options, read_only=True), mode="r")
     except (FileNotFoundError, zarr.errors.ArrayNotFoundError, zarr.errors.NodeNotFoundError):
+        if not _bucket_exists(location, options):
+            bucket = location.path.partition("/")[0]
+            raise InputError(f"inputs.{name}: bucket {bucket!r} does not exist (reading {location})") from None
         raise InputError(f"inputs.{name}: no Zarr array at {location}") from None
     except zarr.errors.NodeTypeValidationError:
         raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
@@ -94,6 +103,13 @@ def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
                          f"{describe_failure(exc)}") from None
 
 
+def _bucket_exists(location: Location, options: StorageOptions) -> bool:
+    try:
+        return backend_for(location, options).bucket_exists()
+    except Exception:  # noqa: BLE001 - cannot tell: say what was not found instead
+        return True
+
+
 def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, Any]:
     """The attributes of the Zarr group at ``location`` (metadata only)."""
     try:
@@ -145,7 +161,7 @@ def read_block(
 def _read_failure(info: ArrayInfo, selection: tuple[slice, ...], exc: Exception) -> Exception:
     where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
     if is_storage_failure(exc):
-        return StorageError(f"inputs.{info.name}: reading [{where}] of {info.uri} failed: {describe_failure(exc)}")
+        return StorageError(f"inputs.{info.name}: {_failed_read(info, where, exc)}")
     return InputError(f"inputs.{info.name}: block [{where}] of {info.uri} is corrupt: {describe_failure(exc)}")
 
 
@@ -168,6 +184,21 @@ def _name_bad_chunk(info: ArrayInfo, array: zarr.Array, selection: tuple[slice, 
                 cause = "its CRC32C checksum does not match its bytes"
             raise InputError(f"inputs.{info.name}: {what} {index} (key {_chunk_key(array, index)!r}) of {info.uri} "
                              f"is corrupt: {cause}") from None
+
+
+def _failed_read(info: ArrayInfo, where: str, exc: BaseException) -> str:
+    """"reading chunk c/3/0 of s3://b/X.zarr failed: 403 Forbidden", naming the chunk when
+    the failed request says which."""
+    request = failed_request(exc)
+    if request is not None:
+        method, url, cause = request
+        _, found, key = url.partition(info.location.path.rstrip("/") + "/")
+        attempts = getattr(exc, "attempts", 1)
+        tries = f" (after {attempts} attempts)" if attempts > 1 else ""
+        if found:
+            return f"reading chunk {key} of {info.uri} failed: {method} {cause}{tries}"
+        return f"reading [{where}] of {info.uri} failed: {method} {url}: {cause}{tries}"
+    return f"reading [{where}] of {info.uri} failed: {describe_failure(exc)}"
 
 
 def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) -> np.ndarray:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
@@ -157,6 +158,10 @@ class StorageBackend(ABC):
     def delete(self, prefix: str = "") -> None:
         """Delete the object ``prefix`` and every object under ``prefix/``; nothing there is fine."""
 
+    def bucket_exists(self) -> bool:
+        """Whether the bucket the location lies in exists (a filesystem has none: True)."""
+        return True
+
     def prune(self) -> None:  # noqa: B027 - a no-op where storage has no directories
         """Remove the empty directories under the location, itself included, that deletes
         left behind (a filesystem's; an object store has none). Never removes an object."""
@@ -198,13 +203,52 @@ def is_storage_failure(exc: BaseException) -> bool:
 
 # object_store's request failures: "Generic S3 error: Error performing GET <url> in 1.7s,
 # after 10 retries, max_retries: 10, retry_timeout: 180s  - HTTP error: error sending request"
-_REQUEST_FAILURE = re.compile(r"Error performing (\w+) (\S+) in [^,]*, after (\d+) retries.*? - (.+)$")
+# (no "after ..." when it did not retry); a refusal ends "... status code: 403 Forbidden: <Error>..."
+_REQUEST_FAILURE = re.compile(r"Error performing (\w+) (\S+) in [^,-]*(?:, after (\d+) retries[^-]*)? - (.+)$")
+
+
+def failed_request(exc: BaseException) -> tuple[str, str, str] | None:
+    """The method, URL and cause ("403 Forbidden", "error sending request") of a failed S3
+    request, if ``exc`` is one."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    match = _REQUEST_FAILURE.search(text)
+    if not match:
+        return None
+    method, url, _, cause = match.groups()
+    cause = cause.strip()
+    if status := re.search(r"status code: (\d{3} [^:]*)", cause):
+        cause = status.group(1).strip()
+    elif cause.startswith("HTTP error: "):
+        cause = cause.removeprefix("HTTP error: ")
+    return method, url, cause
 
 
 def describe_failure(exc: BaseException) -> str:
-    """One short line for ``exc``: its first line, a failed request as "GET <url>: <cause>"."""
+    """One short line for ``exc``: its first line, a failed request as "GET <url>: <cause>"
+    (with the attempts made, when the storage layer retried it)."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if match := _REQUEST_FAILURE.search(text):
-        method, url, retries, cause = match.groups()
-        text = f"{method} {url}: {cause.strip()} (after {retries} retries)"
+    if request := failed_request(exc):
+        method, url, cause = request
+        text = f"{method} {url}: {cause}"
+    attempts = getattr(exc, "attempts", 1)
+    if attempts > 1:
+        text += f" (after {attempts} attempts)"
     return text if len(text) < 200 else text[:197] + "..."
+
+
+# Retries of transient request failures, counted by every storage client of this process
+# (``io._s3``: obstore's requests and botocore's). A Ray worker runs one task at a time, so
+# a task's retries are the difference across it (``io.arrays.read_block``).
+_retries = 0
+_retries_lock = threading.Lock()
+
+
+def count_retries(n: int = 1) -> None:
+    global _retries
+    with _retries_lock:
+        _retries += n
+
+
+def storage_retries() -> int:
+    """The requests this process has retried after a transient failure, so far."""
+    return _retries

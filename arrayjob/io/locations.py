@@ -19,12 +19,22 @@ from arrayjob.errors import SpecError
 
 @dataclass(frozen=True)
 class StorageOptions:
-    """The ``[storage]`` section. Unset fields fall back to the standard AWS environment."""
+    """The ``[storage]`` section. Unset fields fall back to the standard AWS environment.
+
+    ``max_attempts`` and ``retry_timeout`` bound the retries of a request that failed
+    transiently (5xx, 429, a dropped connection), for every S3 client arrayjob uses: each
+    request is tried at most ``max_attempts`` times, and not retried once ``retry_timeout``
+    seconds have passed since its first try.
+    """
 
     endpoint_url: str | None = None
     region: str | None = None
     anon: bool = False
     profile: str | None = None
+    max_attempts: int = dataclasses.field(default=10, metadata={"check": lambda v: 1 <= v <= 100,
+                                                     "expect": "an integer from 1 to 100"})
+    retry_timeout: float = dataclasses.field(default=180.0, metadata={"check": lambda v: 0 < v <= 3600,
+                                                          "expect": "seconds, more than 0 and at most 3600"})
 
 
 @dataclass(frozen=True)

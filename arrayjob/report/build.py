@@ -95,7 +95,7 @@ def build_report(
         },
         "tasks": {
             "count": metrics.tasks,
-            "retries": None,  # not observable without Ray's state API (it needs the dashboard)
+            "retries": metrics.faults.task_retries,  # executions Ray repeated, by attempt number
             "per_node": [metrics.tasks_by_node.get(n, 0) for n in nodes],
         },
         "memory": {
@@ -113,9 +113,12 @@ def build_report(
             "address": cluster.address,
             "nodes": len(nodes),
             "node_ids": nodes,
+            "nodes_lost": len(metrics.faults.nodes_lost),
             "cpus": cluster.cpus,
             "started_for_job": cluster.started_here,
         },
+        # survived faults: nodes lost, blocks Ray rebuilt, retries; each marked on the timeline
+        "faults": metrics.faults.as_dict(),
         "result": result.attrs,
         "timeline": metrics.timeline,
         "host": {"python": platform.python_version(), "machine": platform.machine()},

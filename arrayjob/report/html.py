@@ -61,12 +61,24 @@ def bars(title: str, groups: list[str], series: dict[str, list[float]], unit: st
     return "".join(parts)
 
 
-def lines(title: str, xs: list[float], series: dict[str, list[float]], unit: str) -> str:
-    """Line chart (steps) of series over time, as SVG."""
+FAULT_LABELS = {"node_lost": ("node lost", "nodes lost"), "block_reconstructed": ("block rebuilt", "blocks rebuilt"),
+                "task_retry": ("task retry", "task retries"), "storage_retry": ("storage retry", "storage retries")}
+
+
+def fault_label(event: dict[str, Any]) -> str:
+    """"node lost", "4 blocks rebuilt", "2 storage retries" for one fault event."""
+    one, many = FAULT_LABELS.get(str(event.get("kind")), (str(event.get("kind")), str(event.get("kind"))))
+    count = int(event.get("count", 1))
+    return one if count == 1 and event.get("kind") == "node_lost" else f"{count} {one if count == 1 else many}"
+
+
+def lines(title: str, xs: list[float], series: dict[str, list[float]], unit: str,
+          faults: list[dict[str, Any]] = ()) -> str:  # type: ignore[assignment]
+    """Line chart (steps) of series over time, as SVG; each fault a red dashed mark at its time."""
     width, height, left, bottom = 640, 260, 60, 40
     if not xs:
         return f"<p><em>{_esc(title)}: no samples.</em></p>"
-    x_max = max(xs[-1], 1e-9)
+    x_max = max(xs[-1], *(float(f["seconds"]) for f in faults), 1e-9)
     top = max([v for vs in series.values() for v in vs] + [1e-12])
     parts = _frame(title, top, width, height, left, bottom)
     for s, (label, values) in enumerate(series.items()):
@@ -76,6 +88,13 @@ def lines(title: str, xs: list[float], series: dict[str, list[float]], unit: str
         parts.append(f'<polyline fill="none" stroke="{COLORS[s % len(COLORS)]}" stroke-width="2" points="{points}"/>')
         parts.append(f'<rect x="{left + 140 * s}" y="{height - 14}" width="10" height="10" fill="{COLORS[s % len(COLORS)]}"/>'
                      f'<text x="{left + 140 * s + 14}" y="{height - 5}" font-size="11">{_esc(label)}</text>')
+    for fault in faults:
+        x = left + (width - left - 20) * float(fault["seconds"]) / x_max
+        color = "#D62728" if fault.get("kind") in ("node_lost", "block_reconstructed") else "#FF7F0E"
+        parts.append(f'<g class="fault"><line x1="{x:.1f}" x2="{x:.1f}" y1="30" y2="{height - bottom}" stroke="{color}" '
+                     f'stroke-dasharray="4 3"/><text x="{x + 3:.1f}" y="40" font-size="10" fill="{color}">'
+                     f'{_esc(fault_label(fault))}</text><title>{_esc(fault_label(fault))} at {fault["seconds"]} s'
+                     f'{_esc(" (" + str(fault["stage"]) + ")") if fault.get("stage") else ""}</title></g>')
     parts.append(f'<text x="{width - 10}" y="{height - bottom + 14}" text-anchor="end" font-size="11">'
                  f'{_fmt(x_max)} s</text><text x="{left}" y="{height - bottom + 14}" font-size="11">0 s</text>')
     parts.append(f'<text x="12" y="{(height - bottom) / 2}" font-size="11" transform="rotate(-90 12 {(height - bottom) / 2})">'
@@ -109,6 +128,12 @@ def render(report: dict[str, Any]) -> str:
         f"<td>{_esc('' if err is None else f'{err:+.0%}')}</td></tr>"
         for k, e, a, err in _figures(report))
     result = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in (report.get("result") or {}).items())
+    faults = report.get("faults") or {}
+    events = list(faults.get("events") or [])
+    fault_rows = "".join(f"<tr><td>{_esc(e['seconds'])} s</td><td>{_esc(e.get('stage') or '')}</td>"
+                         f"<td>{_esc(fault_label(e))}</td><td>{_esc(e.get('node', ''))}</td></tr>" for e in events)
+    fault_section = (f"<h2>Faults</h2><table><tr><th>when</th><th>stage</th><th>what</th><th>node</th></tr>"
+                     f"{fault_rows}</table>") if events else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>arrayjob report: {_esc(report.get('job', ''))}</title>
 <style>body{{font-family:Helvetica,Arial,sans-serif;max-width:760px;margin:2em auto;color:#222}}
@@ -121,8 +146,9 @@ arrayjob {_esc(report.get('arrayjob_version', ''))}.</p>
 <h2>Estimate and actual</h2>
 <table><tr><th>figure</th><th>estimate</th><th>actual</th><th>error</th></tr>{rows}</table>
 {bars("Wall time per stage", stages, {"estimate": predicted, "actual": actual}, "seconds")}
+{fault_section}
 <h2>Over time</h2>
-{lines("Object-store memory per node", xs, memory, "bytes")}
-{lines("Bytes moved between nodes", xs, network, "bytes")}
+{lines("Object-store memory per node", xs, memory, "bytes", events)}
+{lines("Bytes moved between nodes", xs, network, "bytes", events)}
 </body></html>
 """

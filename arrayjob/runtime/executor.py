@@ -15,6 +15,7 @@ import numpy as np
 from arrayjob import kernels
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import read_block
+from arrayjob.io.backend import storage_retries
 from arrayjob.io.locations import StorageCounters, StorageOptions
 from arrayjob.planner.physical import (
     CachedBlock,
@@ -48,7 +49,9 @@ class Executor(Protocol):
 def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
     """Read one block of a source and check it; runs wherever the block is to live."""
     selection = source.grid.selection(index)
+    retries = storage_retries()
     block, counters = read_block(source.array, selection, options)
+    retries = storage_retries() - retries  # this process runs one read at a time
     where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
     if block.dtype.kind in "fc" and not np.isfinite(block).all():
         raise InputError(f"inputs.{source.array.name}: NaN or infinite values in [{where}] of {source.array.uri}")
@@ -56,7 +59,7 @@ def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptio
         problem = kernels.run(source.check.fn, block)
         if problem:
             raise InputError(f"inputs.{source.array.name}: {problem} in [{where}] of {source.array.uri}")
-    return block, {"nbytes": int(block.nbytes), **counters.as_dict()}
+    return block, {"nbytes": int(block.nbytes), "storage_retries": retries, **counters.as_dict()}
 
 
 class LocalExecutor:
@@ -112,5 +115,5 @@ class LocalExecutor:
 
 
 def _counters(stats: Mapping[str, Any]) -> StorageCounters:
-    return StorageCounters(**{k: stats[k] for k in ("bytes_read", "get_requests", "bytes_written", "put_requests")})
+    return StorageCounters(**{k: stats[k] for k in StorageCounters.__dataclass_fields__ if k in stats})
 

@@ -21,6 +21,22 @@ class Stage:
 
 
 @dataclass
+class Faults:
+    """What went wrong during a run and was survived; ``events`` marks each on the timeline."""
+
+    nodes_lost: list[str] = field(default_factory=list)  # Ray node ids, in the order noticed
+    blocks_reconstructed: int = 0  # held blocks that lived on a lost node, found rebuilt elsewhere
+    task_retries: int = 0  # task executions beyond the first (Ray attempt numbers)
+    storage_retries: int = 0  # requests tried again after a transient failure, on any process
+    events: list[dict[str, object]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"nodes_lost": len(self.nodes_lost), "lost_node_ids": list(self.nodes_lost),
+                "blocks_reconstructed": self.blocks_reconstructed, "task_retries": self.task_retries,
+                "storage_retries": self.storage_retries, "events": list(self.events)}
+
+
+@dataclass
 class RunMetrics:
     """Counters for one job run. Stages are timed by the driver; tasks and bytes by the executor."""
 
@@ -40,6 +56,7 @@ class RunMetrics:
     peak_object_store_bytes_per_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # one sample per measured run: seconds since the start, bytes moved so far, that run's per-node peak
     timeline: list[dict[str, object]] = field(default_factory=list)
+    faults: Faults = field(default_factory=Faults)
     started: float = field(default_factory=time.perf_counter)
     _current: Stage | None = None
 
@@ -69,6 +86,30 @@ class RunMetrics:
         self.storage.add(counters)
         if self._current is not None:
             self._current.storage.add(counters)
+
+    def fault(self, kind: str, count: int = 1, **detail: object) -> None:
+        """Count a fault ("node_lost", "block_reconstructed", "task_retry", "storage_retry")
+        and mark it on the timeline."""
+        if count <= 0:
+            return
+        f = self.faults
+        if kind == "node_lost":
+            f.nodes_lost.append(str(detail["node"]))
+        elif kind == "block_reconstructed":
+            f.blocks_reconstructed += count
+        elif kind == "task_retry":
+            f.task_retries += count
+        elif kind == "storage_retry":
+            f.storage_retries += count
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        seconds = round(time.perf_counter() - self.started, 4)
+        last = next((e for e in reversed(f.events) if e["kind"] == kind), None)
+        if kind != "node_lost" and last is not None and last["stage"] == self.current_stage \
+                and seconds - float(last["seconds"]) < 1.0:  # type: ignore[arg-type]
+            last["count"] = int(last["count"]) + count  # type: ignore[call-overload]  # one mark per burst
+            return
+        f.events.append({"seconds": seconds, "kind": kind, "count": count, "stage": self.current_stage, **detail})
 
     def hold_block(self, node: str, nbytes: int) -> None:
         self.block_bytes_by_node[node] += nbytes

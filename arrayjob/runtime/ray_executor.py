@@ -20,6 +20,18 @@ into ``RunMetrics``. Objects under Ray's inlining threshold (100 KiB) really tra
 through the driver; they are counted as if they lived where their task ran, as the
 planner counts them.
 
+Faults: every task reports its Ray attempt number (0 on the first execution; in the load
+stats or the record), so ``faults.task_retries`` counts the executions Ray repeated. The
+executor watches the cluster's nodes (``ray.nodes()``, at most once a second, and at once
+when a task reports a retry or ran away from its planned node): a node alive when the
+executor started, or seen since, that is no longer alive is lost. A task planned on a lost
+node is pinned (softly) to the node holding most of its held blocks' bytes now, or left to
+Ray's scheduler if none is known: Ray's own fallback for a dead node ignores where the
+arguments are, and moved a whole block every iteration. A held block (source or kept) whose home was a lost node is looked up again
+(``ray.experimental.get_object_locations``) after the next run, when Ray has rebuilt it
+from its lineage: it is re-homed there (so the replay counts what moves from where the
+block is, not from a dead node) and counted in ``faults.blocks_reconstructed``.
+
 Blocks kept between programs (``Session.persist``: ``keep``, ``alias``, ``release``) stay
 in the object store where their tasks ran, and later plans take them zero-copy.
 """
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -68,6 +81,16 @@ def _this_node() -> str:
     return _node_id
 
 
+def _attempt() -> int:
+    """This task's Ray attempt number: 0 on its first execution, n on its n-th retry or
+    reconstruction. Read from the core worker (the public runtime context has no getter)."""
+    core = getattr(ray._private.worker.global_worker, "core_worker", None)
+    try:
+        return int(core.get_current_task_attempt_number())  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - not in a task, or an older Ray: nothing to count
+        return 0
+
+
 def _nbytes(x: Any) -> int:
     if isinstance(x, np.ndarray | np.generic):
         return int(x.nbytes)
@@ -84,6 +107,7 @@ def _nbytes(x: Any) -> int:
 def _load(source: Source, index: tuple[int, ...], options: StorageOptions) -> tuple[Any, dict[str, Any]]:
     block, stats = load_and_check(source, index, options)
     stats["node"] = _this_node()
+    stats["attempt"] = _attempt()
     return block, stats
 
 
@@ -94,10 +118,11 @@ def _run_kernel(fn: Any, *args: Any) -> Any:
 
 @ray.remote(max_retries=TASK_RETRIES)
 def _run_measured(fn: Any, num_outputs: int, *args: Any) -> tuple[Any, ...]:
-    """``fn(*args)``'s results, then the record ``(node id, bytes of each result, bytes of the args)``."""
+    """``fn(*args)``'s results, then the record ``(node id, bytes of each result, bytes of the
+    args, attempt number)``."""
     out = kernels.run(fn, *args)
     outs = tuple(out) if num_outputs > 1 else (out,)
-    return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), sum(_nbytes(a) for a in args)))
+    return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), sum(_nbytes(a) for a in args), _attempt()))
 
 
 def _unwrap(exc: ray.exceptions.RayTaskError) -> BaseException:
@@ -120,6 +145,14 @@ class RayExecutor:
         self._uses: dict[int, tuple[PhysicalPlan, Counter[str], frozenset[str]]] = {}
         self._kept: dict[str, list[ray.ObjectRef]] = {}  # Session.persist's blocks, by name
         self._kept_home: dict[ray.ObjectRef, tuple[str, int]] = {}  # where a kept block is, and its bytes
+        # nodes: seen alive (at the start or since), lost; held blocks whose home was lost
+        self._seen: set[str] = set(node_ids)
+        self._lost: set[str] = set()
+        self._orphans: set[Any] = set()
+        self._rebuilt: dict[Any, set[str]] = {}  # found again since the last replay: every node with a copy
+        self._watched = 0.0
+        if node_ids:
+            self.check_nodes()
 
     # -- nodes -----------------------------------------------------------------------------
     @property
@@ -131,11 +164,74 @@ class RayExecutor:
             self._order = [driver, *(n for n in ids if n != driver)] if driver in ids or not ids else ids
         return self._order
 
-    def _options(self, node: int | None) -> dict[str, Any]:
+    def _options(self, node: int | None, home: str | None = None) -> dict[str, Any]:
+        """Where a task planned on ``node`` runs: there, or, if that node is lost, on ``home``
+        (``_home``: where most of its held blocks are now), else where Ray's scheduler puts it."""
         if node is None or not self.node_ids:
             return {}
         order = self.node_order
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(order[node % len(order)], soft=True)}
+        target = order[node % len(order)]
+        if target in self._lost:
+            if home is None or home in self._lost:
+                return {}
+            target = home
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(target, soft=True)}
+
+    def _home(self, plan: PhysicalPlan, task: Any) -> str | None:
+        """The node holding most of ``task``'s held blocks (source or kept), by bytes, if known."""
+        held: Counter[str] = Counter()
+        for arg in task.args:
+            if isinstance(arg, SourceBlock):
+                found = self._block_home.get((plan.source(arg.array), arg.index))
+            elif isinstance(arg, CachedBlock):
+                found = self._kept_home.get(self._kept[arg.handle][arg.position])
+            else:
+                continue
+            if found is not None and found[0] not in self._lost:
+                held[found[0]] += found[1]
+        return held.most_common(1)[0][0] if held else None
+
+    # -- faults ------------------------------------------------------------------------------
+    def check_nodes(self, *, every: float = 0.0) -> None:
+        """Count the nodes lost since the last check (at most one check per ``every`` seconds)."""
+        now = time.monotonic()
+        if now - self._watched < every:
+            return
+        self._watched = now
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        lost = sorted(self._seen - alive - self._lost)
+        self._seen |= alive
+        for node in lost:
+            self._lost.add(node)
+            self.metrics.fault("node_lost", node=node)
+        if lost:
+            self._orphans |= {key for key, (home, _) in self._block_home.items() if home in self._lost}
+            self._orphans |= {ref for ref, (home, _) in self._kept_home.items() if home in self._lost}
+
+    def _rehome(self) -> None:
+        """Find where Ray rebuilt the held blocks that lived on a lost node."""
+        if not self._orphans:
+            return
+        keys = [k for k in self._orphans if k in self._block_home or k in self._kept_home]
+        refs = [self._blocks[k] if k in self._block_home else k for k in keys]
+        from ray.experimental import get_object_locations
+
+        try:
+            where = get_object_locations(refs, timeout_ms=10_000)
+        except Exception:  # noqa: BLE001 - not known yet: looked up after the next run
+            return
+        rebuilt = 0
+        for key, ref in zip(keys, refs, strict=True):
+            nodes = [n for n in (where.get(ref) or {}).get("node_ids") or [] if n not in self._lost]
+            if not nodes:
+                continue  # not rebuilt yet (Ray does it when a task needs it)
+            homes = self._block_home if key in self._block_home else self._kept_home
+            self._rebuilt[key] = {homes[key][0], *nodes}
+            homes[key] = (nodes[0], homes[key][1])
+            self._orphans.discard(key)
+            rebuilt += 1
+        self._orphans &= set(keys)  # forget blocks no longer held
+        self.metrics.fault("block_reconstructed", rebuilt)
 
     # -- source blocks -----------------------------------------------------------------------
     def _block(self, plan: PhysicalPlan, ref: SourceBlock, node: int | None) -> ray.ObjectRef:
@@ -159,6 +255,8 @@ class RayExecutor:
         for (key, _), stats in zip(pending, collected, strict=True):
             counters = StorageCounters(**{k: stats[k] for k in StorageCounters.__dataclass_fields__})
             self.metrics.count_storage(counters)
+            self.metrics.fault("task_retry", stats.get("attempt", 0))
+            self.metrics.fault("storage_retry", stats.get("storage_retries", 0))
             self.metrics.hold_block(stats["node"], stats["nbytes"])
             self._block_home[key] = (stats["node"], stats["nbytes"])
 
@@ -202,6 +300,8 @@ class RayExecutor:
     def _submit(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
         """Submit every task of ``plan``; the refs of its outputs and of the tasks' records."""
         uses, returned = self._consumers(plan)
+        if self.node_ids:
+            self.check_nodes(every=1.0)
         remaining = Counter(uses)
         value_refs = {name: v if _nbytes(v) <= INLINE_VALUE_BYTES else ray.put(v) for name, v in values.items()}
         refs: dict[str, list[ray.ObjectRef]] = {}
@@ -217,7 +317,8 @@ class RayExecutor:
                     args.append(self._kept[arg.handle][arg.position])
                 else:
                     args.append(value_refs[arg.name])
-            options = {**self._options(task.node), "name": task.kernel.name}  # in Ray's dashboard and timeline
+            home = self._home(plan, task) if self._lost else None
+            options = {**self._options(task.node, home), "name": task.kernel.name}  # in Ray's dashboard and timeline
             if self.measure:
                 options["num_returns"] = task.num_outputs + 1
                 *outs, record = _run_measured.options(**options).remote(task.kernel.fn, task.num_outputs, *args)
@@ -268,12 +369,18 @@ class RayExecutor:
             self._kept_home.pop(ref, None)
 
     def _measure(self, plan: PhysicalPlan, values: Mapping[str, Any],
-                 records: list[tuple[str, tuple[int, ...], int]]) -> dict[str, tuple[str, tuple[int, ...]]]:
+                 records: list[tuple[str, tuple[int, ...], int, int]]) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Replay the run as it happened: bytes moved between nodes, per-node load.
 
         Returns where each task ran and the bytes of each of its results.
         """
         order = list(self.node_order)
+        retried = sum(r[3] for r in records)
+        self.metrics.fault("task_retry", retried)
+        planned = [None if t.node is None or not self.node_ids else order[t.node % len(order)] for t in plan.tasks]
+        strayed = any(p is not None and p != r[0] and p not in self._lost for p, r in zip(planned, records, strict=True))
+        self.check_nodes(every=0.0 if retried or strayed else 1.0)
+        self._rehome()
         index = {n: i for i, n in enumerate(order)}
 
         def node_index(node_id: str) -> int:
@@ -290,7 +397,7 @@ class RayExecutor:
                 elif isinstance(arg, CachedBlock):
                     used.setdefault(self._kept[arg.handle][arg.position], arg)
         held = {**self._block_home, **self._kept_home}  # everything this executor holds, and where
-        task_nodes = [node_index(node) for node, _, _ in records]
+        task_nodes = [node_index(r[0]) for r in records]
         held_nodes = {key: node_index(node) for key, (node, _) in held.items()}
         value_bytes = {a.name: _nbytes(values[a.name]) for t in plan.tasks for a in t.args
                        if isinstance(a, DriverValue) and a.name in values}
@@ -300,8 +407,15 @@ class RayExecutor:
                 load.hold(used[key], held_nodes[key], nbytes)
             else:
                 load.reserve(held_nodes[key], nbytes)
+        # A block rebuilt during this run was on the lost node until it died and is on the
+        # nodes that have it now: its uses in this run are not counted as moves (Ray rebuilt
+        # it from storage, counted in faults.blocks_reconstructed).
+        rebuilt, self._rebuilt = self._rebuilt, {}
+        for key, nodes in rebuilt.items():
+            if key in used:
+                load.copies[used[key]] |= {node_index(n) for n in nodes}
         touched = 0
-        for task, node, (_, out_bytes, in_bytes) in zip(plan.tasks, task_nodes, records, strict=True):
+        for task, node, (_, out_bytes, in_bytes, _) in zip(plan.tasks, task_nodes, records, strict=True):
             load.run(task, node, out_bytes)
             touched += in_bytes + sum(out_bytes)
 
@@ -312,4 +426,4 @@ class RayExecutor:
             moved=load.moved, touched=touched, tasks=by_node(load.tasks), net_in=by_node(load.net_in),
             net_out=by_node(load.net_out), peak=by_node(load.peak),
         )
-        return {task.id: (node, out_bytes) for task, (node, out_bytes, _) in zip(plan.tasks, records, strict=True)}
+        return {task.id: (r[0], r[1]) for task, r in zip(plan.tasks, records, strict=True)}

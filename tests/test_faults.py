@@ -1,0 +1,251 @@
+"""Faults are survived and counted: storage retries (through a misbehaving S3 proxy), task
+retries (a worker killed mid-task), nodes lost (a node removed from a local 3-node Ray
+cluster mid-job), and a permanent storage failure or a missing bucket is one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from arrayjob.errors import InputError, SpecError, StorageError
+from arrayjob.io.locations import StorageOptions
+from tests.fault_proxy import FaultProxy
+from tests.helpers import CrashOnce, logreg_data, write_array, write_spec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _logreg_on_s3(tmp_path: Path, bucket: str, endpoint: str, *, storage: str = "", out: str = "out") -> Path:
+    X, y = logreg_data(2000, 4)
+    write_array(f"s3://{bucket}/X.zarr", X, (250, 4), endpoint=endpoint)
+    write_array(f"s3://{bucket}/y.zarr", y, (250,), endpoint=endpoint)
+    return write_spec(tmp_path / f"{out}.toml", inputs={"X": f"s3://{bucket}/X.zarr", "y": f"s3://{bucket}/y.zarr"},
+                      output=f"s3://{bucket}/{out}", params="max_iter = 50\n", storage=storage)
+
+
+def _run(spec: Path, endpoint: str) -> Any:
+    from arrayjob import runner
+    from arrayjob.spec import load_spec
+
+    return runner.run(load_spec(str(spec), [f"storage.endpoint_url={json.dumps(endpoint)}"]))
+
+
+# -- storage ------------------------------------------------------------------------------------
+
+
+@pytest.mark.s3
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_storage_retries_are_counted_and_the_result_is_unchanged(tmp_path: Path, s3_endpoint: str,
+                                                                 s3_bucket: str) -> None:
+    spec = _logreg_on_s3(tmp_path, s3_bucket, s3_endpoint)
+    calm = _run(spec, s3_endpoint)
+    assert calm.report["faults"]["storage_retries"] == 0
+    spec = _logreg_on_s3(tmp_path, s3_bucket, s3_endpoint, out="out-proxy")
+    with FaultProxy(s3_endpoint, slow_every=9, drop_every=23) as proxy:
+        stormy = _run(spec, proxy.url)
+    assert proxy.slowed > 0 and proxy.dropped > 0
+    faults = stormy.report["faults"]
+    # every refused or dropped read of an input was tried again, by the driver or a worker, and
+    # counted (the publish step's requests come after report.json is written: not in it)
+    inputs = [f for f in proxy.faulted if "/X.zarr/" in f or "/y.zarr/" in f]
+    assert faults["storage_retries"] >= len(inputs) > 0, "; ".join(proxy.faulted)
+    assert calm.result.attrs["objective"] == stormy.result.attrs["objective"]
+    assert calm.result.attrs["iterations"] == stormy.result.attrs["iterations"]
+    np.testing.assert_array_equal(calm.result.arrays["coef"], stormy.result.arrays["coef"])
+    assert stormy.report["tasks"]["retries"] == 0  # storage retries are not task retries
+
+
+@pytest.mark.s3
+def test_retries_stop_at_max_attempts(tmp_path: Path, s3_endpoint: str, s3_bucket: str) -> None:
+    from arrayjob.io.arrays import open_array_info
+    from arrayjob.io.backend import backend_for, storage_retries
+    from arrayjob.io.locations import parse_uri
+
+    write_array(f"s3://{s3_bucket}/X.zarr", np.ones((8, 2)), (4, 2), endpoint=s3_endpoint)
+    location = parse_uri(f"s3://{s3_bucket}/X.zarr")
+    with FaultProxy(s3_endpoint, slow_every=2, slow_at=1) as proxy:  # every other request: 503
+        before = storage_retries()
+        open_array_info("X", location, StorageOptions(endpoint_url=proxy.url, max_attempts=3))
+        assert storage_retries() - before == proxy.slowed > 0
+    with FaultProxy(s3_endpoint, slow_every=1, slow_at=0) as proxy, \
+            pytest.raises(InputError, match=r"503 Service Unavailable \(after 2 attempts\)"):  # every request: 503
+        open_array_info("X", location, StorageOptions(endpoint_url=proxy.url, max_attempts=2))
+    with FaultProxy(s3_endpoint, slow_every=1, slow_at=0) as proxy:
+        backend = backend_for(location, StorageOptions(endpoint_url=proxy.url, max_attempts=4))
+        with pytest.raises(OSError, match=r"GET \S+/X.zarr/zarr.json: 503 Service Unavailable \(after 4 attempts\)"):
+            backend.read_bytes("zarr.json")
+        assert proxy.requests == 4
+
+
+@pytest.mark.s3
+def test_result_writes_are_retried(s3_endpoint: str, s3_bucket: str) -> None:
+    """Zarr's metadata and chunk writes (``set``, batched ``_set_many``) go through the retries."""
+    from arrayjob.io.arrays import write_group
+    from arrayjob.io.backend import storage_retries
+    from arrayjob.io.locations import parse_uri
+    from tests.helpers import read_group
+
+    arrays = {"a": np.arange(6.0), "b": np.eye(3)}
+    with FaultProxy(s3_endpoint, slow_every=2, slow_at=1, drop_every=5, drop_at=3) as proxy:
+        before = storage_retries()
+        write_group(parse_uri(f"s3://{s3_bucket}/r.zarr"), StorageOptions(endpoint_url=proxy.url), arrays, {"k": 1})
+        assert storage_retries() - before == proxy.slowed + proxy.dropped > 0
+    group = read_group(f"s3://{s3_bucket}/r.zarr", s3_endpoint)
+    assert dict(group.attrs) == {"k": 1}
+    for name, value in arrays.items():
+        np.testing.assert_array_equal(group[name][...], value)
+
+
+@pytest.mark.s3
+def test_botocore_retries_are_counted(s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bucket region lookup (botocore, standard retry mode) retries with max_attempts and counts it."""
+    import boto3
+
+    from arrayjob.io._s3 import _bucket_region
+    from arrayjob.io.backend import storage_retries
+
+    with FaultProxy(s3_endpoint, slow_every=2, slow_at=1) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        before = storage_retries()
+        assert _bucket_region(boto3.Session(), s3_bucket, StorageOptions(max_attempts=3)) == "us-east-1"
+        assert storage_retries() - before == 1 == proxy.slowed
+    with FaultProxy(s3_endpoint, slow_every=1, slow_at=0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        _bucket_region(boto3.Session(), s3_bucket, StorageOptions(max_attempts=2))
+        assert proxy.requests == 2  # botocore tried twice, as configured
+
+
+@pytest.mark.s3
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_refused_chunk_read_names_the_chunk_and_the_status(tmp_path: Path, s3_endpoint: str,
+                                                            s3_bucket: str) -> None:
+    spec = _logreg_on_s3(tmp_path, s3_bucket, s3_endpoint)
+    with FaultProxy(s3_endpoint, refuse=403, refuse_paths="/X.zarr/c/") as proxy, \
+            pytest.raises(StorageError) as failed:
+        _run(spec, proxy.url)
+    message = str(failed.value)
+    assert message.startswith("inputs.X: reading chunk c/") and f"of s3://{s3_bucket}/X.zarr failed: " in message
+    assert message.endswith("GET 403 Forbidden") and "\n" not in message
+    assert failed.value.exit_code == 4
+
+
+@pytest.mark.s3
+def test_a_missing_input_bucket_is_named(tmp_path: Path, s3_endpoint: str) -> None:
+    from arrayjob.runner import prepare
+    from arrayjob.spec import load_spec
+
+    spec = write_spec(tmp_path / "spec.toml", inputs={"X": "s3://no-such-bucket-3f9/X.zarr",
+                                                      "y": "s3://no-such-bucket-3f9/y.zarr"},
+                      output=str(tmp_path / "out"))
+    with pytest.raises(InputError, match=r"^inputs\.X: bucket 'no-such-bucket-3f9' does not exist"):
+        prepare(load_spec(str(spec), [f"storage.endpoint_url={json.dumps(s3_endpoint)}"]))
+
+
+@pytest.mark.parametrize("setting", ["max_attempts = 0", "max_attempts = 1.5", "retry_timeout = 0",
+                                     "retry_timeout = -1"])
+def test_retry_settings_are_checked(tmp_path: Path, setting: str) -> None:
+    from arrayjob.spec import load_spec
+
+    spec = write_spec(tmp_path / "spec.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out", storage=setting)
+    with pytest.raises(SpecError, match=rf"^storage\.{setting.split()[0]}: expected "):
+        load_spec(str(spec))
+    good = write_spec(tmp_path / "good.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out",
+                      storage="max_attempts = 3\nretry_timeout = 20\n")
+    assert load_spec(str(good)).storage == StorageOptions(max_attempts=3, retry_timeout=20.0)
+
+
+# -- tasks --------------------------------------------------------------------------------------
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_retried_task_is_counted(tmp_path: Path) -> None:
+    import ray
+
+    import arrayjob.lazy as la
+    from arrayjob.io.arrays import open_array_info
+    from arrayjob.io.locations import parse_uri
+    from arrayjob.planner.physical import Kernel
+    from arrayjob.planner.plan import ClusterShape, PlanOptions
+    from arrayjob.runtime.ray_executor import RayExecutor
+    from arrayjob.runtime.session import Session
+
+    X, _ = logreg_data(400, 3)
+    write_array(str(tmp_path / "X.zarr"), X, (100, 3))
+    info = open_array_info("X", parse_uri(str(tmp_path / "X.zarr")), StorageOptions())
+    marker = tmp_path / "crashed"
+    node_ids = tuple(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    executor = RayExecutor(StorageOptions(), node_ids)
+    session = Session(executor, PlanOptions(cluster=ClusterShape(nodes=1)))
+    Xa = la.from_zarr(info, check=Kernel("crash_once", CrashOnce(str(marker))))
+    out = session.compute({"s": Xa.sum(axis=0)})
+    np.testing.assert_allclose(out["s"], X.sum(axis=0), rtol=1e-12)
+    assert marker.exists()
+    # one crash per worker that found no marker: two workers may both have crashed
+    assert 1 <= executor.metrics.faults.task_retries <= 2
+    assert executor.metrics.faults.events[0]["kind"] == "task_retry"
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def _report_with_faults() -> dict[str, Any]:
+    return {"job": "j", "algorithm": "logreg", "wall_seconds": 3.0,
+            "stages": [{"name": "fit", "wall_seconds": 3.0}],
+            "cluster": {"nodes": 3, "nodes_lost": 1, "cpus": 3},
+            "timeline": [{"seconds": 1.0, "network_bytes": 10, "memory_bytes_per_node": {"a": 5}},
+                         {"seconds": 2.5, "network_bytes": 20, "memory_bytes_per_node": {"a": 7}}],
+            "faults": {"nodes_lost": 1, "lost_node_ids": ["b"], "blocks_reconstructed": 4, "task_retries": 2,
+                       "storage_retries": 0,
+                       "events": [{"seconds": 1.5, "kind": "node_lost", "count": 1, "stage": "fit", "node": "b"},
+                                  {"seconds": 1.6, "kind": "block_reconstructed", "count": 4, "stage": "fit"}]}}
+
+
+def test_report_html_marks_faults_on_its_timeline() -> None:
+    from arrayjob.report.html import render
+
+    page = render(_report_with_faults())
+    assert page.count('class="fault"') == 2 * 2  # both events on both charts
+    assert "node lost" in page and "4 blocks rebuilt" in page
+    assert "Faults" in page
+    calm = render({**_report_with_faults(), "faults": {"events": []}})
+    assert 'class="fault"' not in calm
+
+
+def test_summary_says_how_many_nodes_were_lost() -> None:
+    from arrayjob.cli.format import faults_line
+
+    report = _report_with_faults()
+    assert faults_line(report) == ["  faults: 1 node lost, 4 blocks rebuilt, 2 task retries"]
+    assert faults_line({"faults": {"nodes_lost": 0}}) == []
+
+
+# -- nodes --------------------------------------------------------------------------------------
+
+
+@pytest.mark.multinode
+def test_a_node_lost_under_a_job_is_counted_and_its_bytes_are_real(tmp_path: Path) -> None:
+    """A worker node removed mid-job on a local 3-node cluster (``tests/node_loss_run.py``)."""
+    cmd = [sys.executable, str(REPO / "tests" / "node_loss_run.py"), str(tmp_path), "--timeout", "200"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=REPO, env=env, check=True)
+    outcome = json.loads((tmp_path / "outcome.json").read_text())
+    assert outcome["killed"] and outcome["exit"] == 0, outcome["stderr"]
+    calm, report = outcome["calm"], outcome["report"]
+    assert report["faults"]["nodes_lost"] == 1 and report["cluster"]["nodes_lost"] == 1
+    assert len(report["faults"]["lost_node_ids"]) == 1
+    assert isinstance(report["tasks"]["retries"], int)
+    # the same model as an undisturbed run on the same cluster
+    assert report["result"]["objective"] == pytest.approx(calm["result"]["objective"], rel=1e-10)
+    # bytes between nodes: what moved, not every use of a block as if it came from a dead node
+    x_bytes = outcome["x_bytes"]
+    assert report["network"]["bytes_between_nodes"] <= x_bytes, (report["network"], calm["network"])
