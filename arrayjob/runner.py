@@ -120,12 +120,12 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
             result = job.run(JobContext(session, metrics, spec.storage, group))
             metrics.count_storage(group.counters)
-            executor.check_nodes()
 
-        with metrics.stage("write"):
-            written = StorageCounters()
-            write_group(group.location, spec.storage, result.arrays, result.attrs, written)
-            metrics.count_storage(written)
+            with metrics.stage("write"):
+                written = StorageCounters()
+                write_group(group.location, spec.storage, result.arrays, result.attrs, written)
+                metrics.count_storage(written)
+            executor.check_nodes()  # a node lost up to here is in the report
         metrics.fault("storage_retry", storage_retries() - retries)
         report = build_report(
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,

@@ -139,10 +139,17 @@ class NodeKiller:
         return Watched()
 
     def kill(self, stage: str) -> None:
+        import ray
+
         time.sleep(DELAY[self.stage])
         victim = next(iter(self.cluster.worker_nodes))
         self.cluster.remove_node(victim, allow_graceful=False)
         self.killed_in = stage
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # dead as Ray's GCS sees it (its health checks)
+            if not any(n["NodeID"] == victim.node_id and n["Alive"] for n in ray.nodes()):
+                break
+            time.sleep(0.1)
         if self.stage == "comeback":
             self.cluster.add_node(**NODE)
 
