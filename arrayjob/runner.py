@@ -18,6 +18,7 @@ from arrayjob.costing.profile import load_profile
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
+from arrayjob.io.checkpoint import Checkpoints, CheckpointStore, kill_point
 from arrayjob.io.locations import ArrayInfo, StorageCounters
 from arrayjob.io.output import JobOutput
 from arrayjob.jobs import get_job
@@ -86,9 +87,12 @@ def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
 
 
 def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local", wait: bool = True,
-        notify: Callable[[str], None] = lambda line: None, metrics: RunMetrics | None = None) -> RunOutcome:
+        restart: bool = False, notify: Callable[[str], None] = lambda line: None,
+        metrics: RunMetrics | None = None) -> RunOutcome:
     """Run ``spec`` and publish its output. Another run holding the output is waited for (or,
-    unless ``wait``, ``LeaseHeldError``); waiting and takeovers are told to ``notify``.
+    unless ``wait``, ``LeaseHeldError``); waiting and takeovers are told to ``notify``. An
+    iterative job resumes from the checkpoint a dead run of the same spec left (told to
+    ``notify``), unless ``restart``: then checkpoints are removed first (``io.checkpoint``).
     ``metrics`` (fresh by default) is where the run counts what happens, stage by stage."""
     started = time.perf_counter()
     metrics = metrics or RunMetrics()
@@ -106,6 +110,11 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
     if done is not None:
         return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
     started += time.perf_counter() - waiting  # time spent waiting for another run is not this run's
+    store = CheckpointStore(output.backend, spec.digest())
+    if restart:
+        store.clear()
+    checkpoints = Checkpoints(store, output.run_id, spec.algorithm, spec.run.checkpoint_every, notify,
+                              metrics.count_storage)
 
     try:
         with ExitStack() as stack:
@@ -118,22 +127,30 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
             executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
             session = Session(executor, plan_options(spec, cluster_shape(cluster)))
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
-            result = job.run(JobContext(session, metrics, spec.storage, group))
+            result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints))
             metrics.count_storage(group.counters)
 
             with metrics.stage("write"):
                 written = StorageCounters()
                 write_group(group.location, spec.storage, result.arrays, result.attrs, written)
                 metrics.count_storage(written)
+            kill_point("write")
             executor.check_nodes()  # a node lost up to here is in the report
         metrics.fault("storage_retry", storage_retries() - retries)
         report = build_report(
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
             instance=instance, prices=prices, estimate=predicted,
         )
+        resumed = checkpoints.resumed
+        report["checkpoints"] = {
+            "every_seconds": spec.run.checkpoint_every, "saved": checkpoints.saved,
+            "resumed": None if resumed is None else {"run_id": resumed.run_id, "iteration": resumed.iteration},
+        }
         output.write_json("report.json", report)
         output.write_text("report.html", report_html.render(report))
+        kill_point("publish")
         manifest = output.commit()
+        store.clear()  # published: no run needs them now
     except BaseException:
         output.abandon()
         raise

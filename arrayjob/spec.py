@@ -26,7 +26,7 @@ from arrayjob.runtime.cluster import ClusterOptions
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage", "planner")
+SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage", "planner", "run")
 _INT64 = (-(2**63), 2**63 - 1)
 _MAX_FLOAT = int(sys.float_info.max)
 SECRET_WORDS = ("secret", "token", "password", "key_id", "access_key", "credential")
@@ -54,6 +54,15 @@ class PlannerOptions:
 
 
 @dataclass(frozen=True)
+class RunOptions:
+    """The ``[run]`` section: how a run goes, not what it computes (not in the spec digest)."""
+
+    # seconds between checkpoints of an iterative job's state (at most one per iteration; 0: each)
+    checkpoint_every: float = field(default=60.0, metadata={"check": lambda v: v >= 0 and v < float("inf"),
+                                                             "expect": "a number of seconds >= 0"})
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A validated job spec. ``params`` is the algorithm's own params dataclass."""
 
@@ -69,6 +78,7 @@ class JobSpec:
     resolved: Mapping[str, Any] = field(repr=False)
     # per input: "error" (a missing chunk is lost data) or "fill" (read as the fill value)
     missing_chunks: Mapping[str, str] = field(default_factory=dict)
+    run: RunOptions = field(default_factory=RunOptions)
 
     def digest(self) -> str:
         """What identifies the result: job, inputs, params and output (not where or how it ran)."""
@@ -310,6 +320,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
     cluster = table_to_dataclass(ClusterOptions, raw.get("cluster", {}), "cluster")
     storage = table_to_dataclass(StorageOptions, raw.get("storage", {}), "storage")
     planner = table_to_dataclass(PlannerOptions, raw.get("planner", {}), "planner")
+    run = table_to_dataclass(RunOptions, raw.get("run", {}), "run")
     return JobSpec(
         name=name,
         algorithm=algorithm,
@@ -322,6 +333,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
         source=source,
         resolved=raw,
         missing_chunks=missing_chunks,
+        run=run,
     )
 
 

@@ -75,6 +75,8 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @click.option("--overwrite", is_flag=True, help="Replace a complete output.")
 @click.option("--no-wait", is_flag=True,
               help="If another run is writing the output, exit 6 at once instead of waiting for it.")
+@click.option("--restart", is_flag=True,
+              help="Start the fit afresh: remove the checkpoints a dead run left instead of resuming from them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a summary.")
 @tiling_option
 @fusion_option
@@ -82,8 +84,8 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @max_cost_option
 @instance_option
 @debug_option
-def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, as_json: bool, tiling: str | None,
-        fusion: str | None, placement: str | None, max_cost: float | None, instance_type: str, debug: bool) -> None:
+def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, restart: bool, as_json: bool,
+        tiling: str | None, fusion: str | None, placement: str | None, max_cost: float | None, instance_type: str, debug: bool) -> None:
     """Run the job in SPEC and publish its result, report and _SUCCESS."""
     from arrayjob import runner
     from arrayjob.cli.format import summary
@@ -93,7 +95,7 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, a
     if max_cost is not None:  # checked before anything starts
         _check_cost(_estimate(job, runner.prepare(job, check_chunks=True), nodes=1, instance_type=instance_type, iterations=None,
                               prices_path=None, profile_path=None), max_cost)
-    outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait,
+    outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait, restart=restart,
                          notify=lambda line: click.echo(f"arrayjob: {line}", err=True))
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}

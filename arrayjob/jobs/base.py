@@ -12,6 +12,7 @@ import numpy as np
 
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import ResultGroup
+from arrayjob.io.checkpoint import Checkpoints
 from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.lazy import BlockArray
 from arrayjob.runtime.metrics import RunMetrics
@@ -84,12 +85,14 @@ class StagePlan:
 
 @dataclass
 class JobContext:
-    """What a running job may use: a session (planner + executor) and the run's metrics."""
+    """What a running job may use: a session (planner + executor), the run's metrics, and its
+    checkpoints (an iterative job restores its state from them and ticks them each iteration)."""
 
     session: Session
     metrics: RunMetrics
     storage: StorageOptions = field(default_factory=StorageOptions)
     result: ResultGroup | None = None  # where big outputs are written by the workers
+    checkpoints: Checkpoints = field(default_factory=Checkpoints)
 
 
 @dataclass
