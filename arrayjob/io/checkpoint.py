@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import time
+import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,8 @@ class Checkpoint:
 
 def encode(checkpoint: Checkpoint) -> bytes:
     arrays = {k: np.asarray(v) for k, v in checkpoint.state.items() if isinstance(v, np.ndarray)}
-    scalars = {k: v for k, v in checkpoint.state.items() if k not in arrays}
+    # NumPy scalars as Python ones: JSON holds those, and a float64 round-trips exactly
+    scalars = {k: v.item() if isinstance(v, np.generic) else v for k, v in checkpoint.state.items() if k not in arrays}
     meta = {"run_id": checkpoint.run_id, "iteration": checkpoint.iteration, "job": checkpoint.job,
             "values": scalars}
     buffer = io.BytesIO()
@@ -76,7 +78,7 @@ def decode(data: bytes) -> Checkpoint:
         meta = json.loads(arrays.pop(_META).tobytes())
         state = dict(meta["values"]) | arrays
         return Checkpoint(str(meta["run_id"]), int(meta["iteration"]), str(meta["job"]), state)
-    except (OSError, KeyError, TypeError, ValueError, EOFError) as exc:
+    except (OSError, KeyError, TypeError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"unreadable checkpoint: {exc}") from None
 
 

@@ -16,7 +16,9 @@ Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-
 (Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.
 
 Cost per iteration: one pass over X (8nd bytes), about 4ndk flops, moves k(d + 1) + 1
-floats per block. Labels (8n bytes) are assembled on the driver at the end.
+floats per block. Labels (8n bytes) are assembled on the driver at the end. The centroids
+are checkpointed after an iteration (``io.checkpoint``): a resumed run skips the
+initialisation and goes on from them.
 """
 
 from __future__ import annotations
@@ -146,24 +148,28 @@ class KMeans(Job):
         step, final = plan["step"], plan["final"]
         ids = np.arange(p.k, dtype=np.float64)
         with ctx.metrics.stage("load"):
-            centroids = self.initial(ctx)
-            if not np.isfinite(centroids).all():
-                raise InputError("params.init: the initial centroids hold NaN or infinite values")
             ctx.session.load(step)
             s = ctx.session.compute(plan["stats"])
             variance = s["sum_sq"] / n - (s["sum"] / n) ** 2
             tol = p.tol * float(np.mean(variance))
-        iterations = 0
+            saved = ctx.checkpoints.restore()  # the centroids after an iteration, and whether they stopped
+            if saved is None:
+                centroids = self.initial(ctx)
+                if not np.isfinite(centroids).all():
+                    raise InputError("params.init: the initial centroids hold NaN or infinite values")
+                iterations, done = 0, False
+            else:
+                centroids = saved.state["centroids"]
+                iterations, done = int(saved.state["iteration"]), bool(saved.state["done"])
         with ctx.metrics.stage(plan.stage_of("step")):
-            for iterations in range(1, p.max_iter + 1):  # noqa: B007
+            while not done and iterations < p.max_iter:
                 r = ctx.session.compute(step, {"centroids": centroids, "centroid_sq": (centroids**2).sum(1),
                                                "cluster_ids": ids})
                 counts = r["counts"]
                 updated = np.where(counts[:, None] > 0, r["sums"] / np.maximum(counts, 1)[:, None], centroids)
                 shift = float(((updated - centroids) ** 2).sum())
-                centroids = updated
-                if shift <= tol:
-                    break
+                centroids, iterations, done = updated, iterations + 1, shift <= tol
+                ctx.checkpoints.tick(iterations, {"centroids": centroids, "iteration": iterations, "done": done})
             values = {"centroids": centroids, "centroid_sq": (centroids**2).sum(1), "cluster_ids": ids}
             arrays = {"centroids": centroids}
             if ctx.result is not None:  # labels (8n bytes) are written by the workers

@@ -7,8 +7,10 @@ Objective (labels y in {0, 1}, s = 2y - 1, intercept b unpenalised):
 This is scikit-learn's ``LogisticRegression(C=1/(l2 n))``. The loss and gradient (and for
 Newton the Hessian) are one lazy program over X; the planner cuts X into row blocks,
 fuses the program into one kernel per block, and only the weights go out and d+2
-(Newton: (d+1)^2 more) partial sums come back per block. The solver itself (SciPy's
-L-BFGS-B, or Newton steps with a backtracking line search) runs on the driver.
+(Newton: (d+1)^2 more) partial sums come back per block. The solver itself (L-BFGS from
+``jobs.lbfgs``, or Newton steps with a backtracking line search) runs on the driver, and
+its whole state is checkpointed (``io.checkpoint``) so that a run resumed after a kill ends
+exactly where an undisturbed run would.
 
 Cost per evaluation, for X of n x d: one pass over X in memory (8nd bytes; storage is
 read once per job), about 4nd flops (L-BFGS) or 2nd^2 more (Newton).
@@ -21,9 +23,10 @@ from typing import Literal
 
 import numpy as np
 import scipy.linalg
-import scipy.optimize
 
 from arrayjob import lazy as la
+from arrayjob.io.checkpoint import Checkpoints
+from arrayjob.jobs import lbfgs
 from arrayjob.jobs.base import (
     Job,
     JobContext,
@@ -112,7 +115,7 @@ class LogisticRegression(Job):
             ctx.session.load(program)
         with ctx.metrics.stage(plan.stage_of("evaluate")):
             evaluate = _Evaluator(ctx, program, n, d, p)
-            theta, iterations = (self._lbfgs if p.solver == "lbfgs" else self._newton)(evaluate, d)
+            theta, iterations = (self._lbfgs if p.solver == "lbfgs" else self._newton)(evaluate, d, ctx.checkpoints)
             objective, grad, _ = evaluate(theta)
         grad_norm = float(np.linalg.norm(grad))
         converged = grad_norm <= p.tol
@@ -136,30 +139,41 @@ class LogisticRegression(Job):
     def _initial(self, d: int) -> np.ndarray:
         return np.zeros(d + 1 if self.params.fit_intercept else d)
 
-    def _lbfgs(self, evaluate: _Evaluator, d: int) -> tuple[np.ndarray, int]:
+    def _lbfgs(self, evaluate: _Evaluator, d: int, checkpoints: Checkpoints) -> tuple[np.ndarray, int]:
+        """L-BFGS (``jobs.lbfgs``), its whole state checkpointed after each iteration when due."""
         p = self.params
 
         def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
             loss, grad, _ = evaluate(theta)
             return loss, grad
 
-        def stop_when_small(intermediate_result: scipy.optimize.OptimizeResult) -> None:
-            if evaluate.last_grad_norm <= p.tol:
-                raise StopIteration
+        saved = checkpoints.restore()
+        if saved is not None:
+            state = lbfgs.LBFGSState.from_dict(saved.state)
+            evaluate.resume(state.x, state.f, state.g, None, int(saved.state["evaluations"]))
+        else:
+            state = lbfgs.LBFGSState.start(self._initial(d), fun)
 
-        result = scipy.optimize.minimize(
-            fun, self._initial(d), jac=True, method="L-BFGS-B", callback=stop_when_small,
-            # tol is on the gradient's 2-norm (checked in the callback), not SciPy's max-norm.
-            options={"maxiter": p.max_iter, "gtol": 0.0, "ftol": 64 * np.finfo(float).eps},
-        )
-        return result.x, int(result.nit)
+        def save(state: lbfgs.LBFGSState) -> None:
+            checkpoints.tick(state.iteration, state.as_dict() | {"evaluations": evaluate.evaluations})
 
-    def _newton(self, evaluate: _Evaluator, d: int) -> tuple[np.ndarray, int]:
-        """Newton's method with a backtracking (Armijo) line search; one pass per trial point."""
+        state = lbfgs.minimize(fun, state, tol=p.tol, max_iter=p.max_iter, on_iteration=save)
+        return state.x, state.iteration
+
+    def _newton(self, evaluate: _Evaluator, d: int, checkpoints: Checkpoints) -> tuple[np.ndarray, int]:
+        """Newton's method with a backtracking (Armijo) line search; one pass per trial point.
+        Its state (iterate, f, g, Hessian, counters) is checkpointed after each iteration when due."""
         p = self.params
-        theta = self._initial(d)
-        loss, grad, hess = evaluate(theta)
-        iterations = 0
+        saved = checkpoints.restore()
+        if saved is not None:
+            st = saved.state
+            theta, loss, grad, hess = st["theta"], float(st["loss"]), st["grad"], st["hess"]
+            iterations = int(st["iteration"])
+            evaluate.resume(theta, loss, grad, hess, int(st["evaluations"]))
+        else:
+            theta = self._initial(d)
+            loss, grad, hess = evaluate(theta)
+            iterations = 0
         while iterations < p.max_iter and np.linalg.norm(grad) > p.tol:
             try:
                 step = scipy.linalg.solve(hess, grad, assume_a="pos")
@@ -177,6 +191,8 @@ class LogisticRegression(Job):
                 break  # no decrease possible at machine precision
             theta, loss, grad, hess = trial, trial_loss, trial_grad, trial_hess
             iterations += 1
+            checkpoints.tick(iterations, {"theta": theta, "loss": loss, "grad": grad, "hess": hess,
+                                          "iteration": iterations, "evaluations": evaluate.evaluations})
         return theta, iterations
 
 
@@ -189,6 +205,13 @@ class _Evaluator:
         self.last: tuple[np.ndarray, float, np.ndarray, np.ndarray | None] | None = None
         self.last_grad_norm = np.inf
         self.evaluations = 0
+
+    def resume(self, theta: np.ndarray, loss: float, grad: np.ndarray, hess: np.ndarray | None,
+               evaluations: int) -> None:
+        """Be as after ``evaluations`` passes, the last at ``theta`` (a checkpoint's state)."""
+        self.last = (np.array(theta), loss, np.array(grad), hess)
+        self.last_grad_norm = float(np.linalg.norm(grad))
+        self.evaluations = evaluations
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray | None]:
         if self.last is not None and np.array_equal(self.last[0], theta):

@@ -41,6 +41,10 @@ PageRank) took 0.28 s per iteration and a 14.7 s build with four blocks, 0.32–
 (blocks, 2) array the driver adds up: summed as tasks they cost blocks + 1 more tasks and
 two more round trips every iteration.
 
+The rank vector (and the iteration's dangling mass) is checkpointed after an iteration
+(``io.checkpoint``); a resumed run builds the graph again (the build is deterministic, so
+the numbering is the same) and goes on from it.
+
 Cost: build, two passes over the edges (16E bytes each; the count and the split) and one
 shuffle of them; per iteration, 2E flops, 8n bytes to each of B blocks and 8n bytes back.
 """
@@ -434,18 +438,24 @@ class PageRank(Job):
                 declared = self._kept(handle, arrays["graph"])
                 assert arrays["graph"].attrs == declared.attrs, (arrays["graph"].attrs, declared.attrs)
             ctx.session.release(kept)
+            saved = ctx.checkpoints.restore()  # the rank vector after an iteration (in the new numbering)
         step = plan["iterate"]
-        rank = np.full(n, 1.0 / n)
-        dangling_mass = float(rank[dangling].sum())
-        converged, iterations, delta = False, 0, np.inf
+        if saved is None:
+            rank = np.full(n, 1.0 / n)
+            dangling_mass = float(rank[dangling].sum())
+            converged, iterations, delta = False, 0, np.inf
+        else:
+            st = saved.state
+            rank, dangling_mass, delta = st["rank"], float(st["dangling_mass"]), float(st["l1_change"])
+            converged, iterations = bool(st["converged"]), int(st["iteration"])
         with ctx.metrics.stage(plan.stage_of("iterate")):
-            for iterations in range(1, p.max_iter + 1):  # noqa: B007
+            while not converged and iterations < p.max_iter:
                 base = (p.damping * dangling_mass + 1.0 - p.damping) / n
                 r = ctx.session.compute(step, {"rank": rank, "base": base})
                 rank, (delta, dangling_mass) = r["rank"], (float(v) for v in r["stats"].sum(axis=0))
-                if delta <= p.tol:
-                    converged = True
-                    break
+                iterations, converged = iterations + 1, delta <= p.tol
+                ctx.checkpoints.tick(iterations, {"rank": rank, "dangling_mass": dangling_mass, "l1_change": delta,
+                                                  "iteration": iterations, "converged": converged})
         ctx.session.release(graph)
         rank = by_node_id(rank, labels)
         rank /= rank.sum()

@@ -10,7 +10,8 @@ about 2IJKF flops, moves (J or K)·F floats per block for modes 1 and 2.
 
 CP-ALS updates one factor per MTTKRP: A ← MTTKRP₀ (BᵀB ∗ CᵀC)⁻¹, and so on, so each
 iteration is three passes over X; the fit 1 − ‖X − X̂‖/‖X‖ comes from the last MTTKRP
-and ‖X‖ (one pass at load), without forming X̂.
+and ‖X‖ (one pass at load), without forming X̂. The factors are checkpointed after an
+iteration (``io.checkpoint``), so a resumed run goes on from them.
 """
 
 from __future__ import annotations
@@ -154,13 +155,21 @@ class CPALS(Job):
         shape = self.arrays["X"].shape
         plan = self.stages(ctx.session.options.cluster.workers)
         norm_program = plan["norm"]
-        factors = random_factors(shape, p.rank, p.seed)
         with ctx.metrics.stage("load"):
             ctx.session.load(norm_program)
             norm_x = float(np.sqrt(ctx.session.compute(norm_program)["norm_sq"]))
-        fit, previous_error, iterations = 0.0, None, 0
+            saved = ctx.checkpoints.restore()  # the factors after an iteration, the fit, the last error
+        if saved is None:
+            factors = random_factors(shape, p.rank, p.seed)
+            fit, previous_error, iterations, done = 0.0, None, 0, False
+        else:
+            st = saved.state
+            factors = [st["A"], st["B"], st["C"]]
+            fit, iterations, done = float(st["fit"]), int(st["iteration"]), bool(st["done"])
+            previous_error = None if st["previous_error"] is None else float(st["previous_error"])
         with ctx.metrics.stage(plan.stage_of("mode0")):
-            for iterations in range(1, p.max_iter + 1):  # noqa: B007
+            while not done and iterations < p.max_iter:
+                iterations += 1
                 for mode in range(3):
                     names = MODES[mode][1]
                     others = [factors["ABC".index(n)] for n in names]
@@ -172,9 +181,11 @@ class CPALS(Job):
                 inner = float(np.sum(factors[2] * M))
                 error = np.sqrt(abs(norm_x**2 - 2 * inner + norm_model_sq)) / norm_x
                 fit = 1.0 - error
-                if previous_error is not None and abs(previous_error - error) < p.tol:
-                    break
+                done = previous_error is not None and abs(previous_error - error) < p.tol
                 previous_error = error
+                ctx.checkpoints.tick(iterations, {"A": factors[0], "B": factors[1], "C": factors[2], "fit": fit,
+                                                  "previous_error": float(error), "iteration": iterations,
+                                                  "done": bool(done)})
         norms = [np.linalg.norm(f, axis=0) for f in factors]
         weights = np.prod(norms, axis=0)
         arrays = {"weights": weights}
