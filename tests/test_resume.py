@@ -154,14 +154,17 @@ def _reference(spec, capsys):
     return read_result("reference")
 
 
-def _killed_run(spec, point, address, workdir, *args):
+def _killed_run(spec, point, address, workdir, *args, output="out"):
     env = {**os.environ, "ARRAYJOB_TEST_KILL_AT": point, "ARRAYJOB_LEASE_SECONDS": LEASE_SECONDS,
            "PYTHONPATH": str(REPO)}
+    success = workdir / output / "_SUCCESS"
+    before = success.read_bytes() if success.exists() else None
     proc = subprocess.run([sys.executable, "-m", "arrayjob.cli.main", "run", str(spec), "--set",
-                           f"cluster.address={json.dumps(address)}", *args],
+                           f"cluster.address={json.dumps(address)}", "--set", f"output.uri={json.dumps(output)}",
+                           *args],
                           env=env, cwd=workdir, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr)
-    assert not (workdir / "out" / "_SUCCESS").exists()
+    assert (success.read_bytes() if success.exists() else None) == before  # nothing published
 
 
 def _same_result(name, got, reference):
@@ -179,37 +182,36 @@ def _same_result(name, got, reference):
             np.testing.assert_allclose(got[array][:], reference[array][:], rtol=1e-10, atol=1e-14)
 
 
-def _kill_points(name):
-    """A random fit iteration for each algorithm; load, write and publish spread over them."""
-    extra = {"lbfgs": "load", "newton": "publish", "kmeans": "write", "pagerank": "publish", "cp_als": "write"}
-    return [(name, "fit"), (name, extra[name])]
+# a random fit iteration for each algorithm; kills in load, write and publish spread over them
+KILLS = {"lbfgs": "load", "newton": "publish", "kmeans": "write", "pagerank": "publish", "cp_als": "write"}
 
 
 @pytest.mark.ray
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize(("name", "stage"), [case for name in ALGORITHMS for case in _kill_points(name)])
-def test_killed_run_resumes_to_the_undisturbed_result(name, stage, workdir, capsys, ray_address, monkeypatch):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_killed_run_resumes_to_the_undisturbed_result(name, workdir, capsys, ray_address, monkeypatch):
     spec = _setup(name, workdir)
     reference = _reference(spec, capsys)
     iterations = reference.attrs["iterations"]
     assert iterations >= 3, f"{name}: too few iterations ({iterations}) to kill in between"
-    point = f"fit:{RNG.randint(1, iterations - 1)}" if stage == "fit" else stage
-    _killed_run(spec, point, ray_address, workdir)
-
     monkeypatch.setenv("ARRAYJOB_LEASE_SECONDS", LEASE_SECONDS)
-    code, _, err = run_cli(["run", str(spec)], capsys)
-    assert code == 0, err
-    resumed_at = iterations if stage in ("write", "publish") else None if stage == "load" else int(point[4:])
-    report = json.loads(Path(published("out"), "report.json").read_text())
-    if resumed_at is None:
-        assert "resumed" not in err and report["checkpoints"]["resumed"] is None
-    else:
-        lines = [line for line in err.splitlines() if "resumed" in line]
-        assert len(lines) == 1 and lines[0].startswith("arrayjob: resumed run ")
-        assert lines[0].endswith(f" from iteration {resumed_at}"), (point, lines)
-        assert report["checkpoints"]["resumed"]["iteration"] == resumed_at
-    _same_result(name, read_result("out"), reference)
-    assert not (workdir / "out" / CHECKPOINTS).exists()  # removed once published
+    for point in (f"fit:{RNG.randint(1, iterations - 1)}", KILLS[name]):
+        output = f"out-{point.replace(':', '-')}"
+        _killed_run(spec, point, ray_address, workdir, output=output)
+
+        code, _, err = run_cli(["run", str(spec), "--set", f"output.uri={json.dumps(output)}"], capsys)
+        assert code == 0, err
+        report = json.loads(Path(published(output), "report.json").read_text())
+        if point == "load":  # killed before any checkpoint: a fresh start
+            assert "resumed" not in err and report["checkpoints"]["resumed"] is None
+        else:
+            resumed_at = int(point[4:]) if point.startswith("fit:") else iterations
+            lines = [line for line in err.splitlines() if "resumed" in line]
+            assert len(lines) == 1 and lines[0].startswith("arrayjob: resumed run "), (point, err)
+            assert lines[0].endswith(f" from iteration {resumed_at}"), (point, lines)
+            assert report["checkpoints"]["resumed"]["iteration"] == resumed_at
+        _same_result(name, read_result(output), reference)
+        assert not (workdir / output / CHECKPOINTS).exists()  # removed once published
 
 
 @pytest.mark.ray
