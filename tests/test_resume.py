@@ -90,6 +90,14 @@ def test_lbfgs_resumed_from_any_iteration_is_bit_identical():
         assert np.array_equal(resumed.x, whole.x) and resumed.iteration == whole.iteration
 
 
+def test_lbfgs_stops_quietly_when_f_cannot_decrease():
+    """tol = 0 is out of reach: the fit stops when the line search finds no decrease, before
+    max_iter, at the minimum, and without SciPy's warning (warnings are errors here)."""
+    x0 = np.array([-1.2, 1.0, -0.5])
+    state = lbfgs.minimize(_rosenbrock, lbfgs.LBFGSState.start(x0, _rosenbrock), tol=0.0, max_iter=2000)
+    assert state.done and state.iteration < 2000 and np.allclose(state.x, 1.0, atol=1e-8)
+
+
 # -- killed runs of every iterative algorithm, then a rerun ----------------------------------------
 
 
