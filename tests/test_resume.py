@@ -245,6 +245,21 @@ def test_restart_ignores_the_checkpoint_and_another_spec_never_reads_it(workdir,
     _same_result("cp_als", read_result("out"), reference)
 
 
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_checkpoint_every_spaces_the_saves(data, capsys):
+    """The default saves at most once a minute (none in a short fit); 0 saves every iteration."""
+    spec = write_spec(data / "s.toml", inputs={"X": "data/X.zarr", "y": "data/y.zarr"}, output="out")
+    code, out, _ = run_cli(["run", str(spec), "--json"], capsys)
+    assert code == 0 and json.loads(out)["checkpoints"] == {"every_seconds": 60.0, "saved": 0, "resumed": None}
+    code, out, _ = run_cli(["run", str(spec), "--json", "--overwrite", "--set", "run.checkpoint_every=0"], capsys)
+    report = json.loads(out)
+    assert code == 0 and report["checkpoints"]["saved"] == report["result"]["iterations"] > 1
+    fit = next(s for s in report["stages"] if s["name"] == "fit")
+    assert fit["storage.put_requests"] == report["checkpoints"]["saved"]  # counted where they were written
+    assert not (data / "out" / CHECKPOINTS).exists()
+
+
 def test_checkpoint_every_is_validated(data, capsys):
     spec = write_spec(data / "s.toml", inputs={"X": "data/X.zarr", "y": "data/y.zarr"}, output="out",
                       extra="\n[run]\ncheckpoint_every = -1\n")
