@@ -85,7 +85,8 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @instance_option
 @debug_option
 def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, restart: bool, as_json: bool,
-        tiling: str | None, fusion: str | None, placement: str | None, max_cost: float | None, instance_type: str, debug: bool) -> None:
+        tiling: str | None, fusion: str | None, placement: str | None, max_cost: float | None, instance_type: str,
+        debug: bool) -> None:
     """Run the job in SPEC and publish its result, report and _SUCCESS."""
     from arrayjob import runner
     from arrayjob.cli.format import summary

@@ -95,6 +95,8 @@ class CheckpointStore:
             return decode(self.backend.read_bytes(self.key))
         except (FileNotFoundError, ValueError):
             return None
+        except OSError as exc:
+            raise StorageError(f"checkpoint: reading {self.backend.location.join(self.key)} failed: {exc}") from None
 
     def save(self, checkpoint: Checkpoint) -> int:
         """Replace this spec's checkpoint whole; the bytes written."""
