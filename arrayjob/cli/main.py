@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import click
 
 from arrayjob import __version__
-from arrayjob.errors import ArrayJobError
+from arrayjob.errors import ArrayJobError, Terminated
 
 
 def _debug(ctx: click.Context) -> bool:
@@ -271,6 +273,28 @@ def _one_line(message: str) -> str:
     return message.translate({ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
 
 
+TERMINATED = "arrayjob: terminated (SIGTERM)"
+TERMINATE_DEADLINE = 8.0  # seconds from SIGTERM to exit, cleanup or not: Kubernetes kills at 30
+_deadlines: list[threading.Timer] = []
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM: raise ``Terminated`` in the main thread, once, so the job unwinds as on Ctrl-C.
+    Should the unwinding hang, the process still ends in ``TERMINATE_DEADLINE`` seconds."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+
+    def give_up() -> None:
+        sys.stderr.write(f"{TERMINATED}; cleanup did not finish in {TERMINATE_DEADLINE:g} s\n")
+        sys.stderr.flush()
+        os._exit(Terminated.exit_code)
+
+    timer = threading.Timer(TERMINATE_DEADLINE, give_up)
+    timer.daemon = True
+    timer.start()
+    _deadlines.append(timer)
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line per error, the exit code of its class, tracebacks only with --debug."""
     args = sys.argv[1:] if argv is None else argv
@@ -279,6 +303,18 @@ def main(argv: list[str] | None = None) -> int:
         from arrayjob.io.storage import quiet_async_teardown
 
         quiet_async_teardown()
+    handles = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if handles else None
+    try:
+        return _run(args, debug)
+    finally:
+        while _deadlines:  # cleanup finished in time
+            _deadlines.pop().cancel()
+        if handles and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: list[str], debug: bool) -> int:
     try:
         cli.main(args=args, prog_name="arrayjob", standalone_mode=False)
     except click.ClickException as exc:
@@ -290,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("arrayjob: interrupted", err=True)
         return 130
+    except Terminated:
+        click.echo(TERMINATED, err=True)
+        return Terminated.exit_code
     except ArrayJobError as exc:
         if debug:
             traceback.print_exc()
