@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -95,8 +96,11 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, a
     if max_cost is not None:  # checked before anything starts
         _check_cost(_estimate(job, runner.prepare(job), nodes=1, instance_type=instance_type, iterations=None,
                               prices_path=None, profile_path=None), max_cost)
-    outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait,
-                         notify=lambda line: click.echo(f"arrayjob: {line}", err=True))
+    # Ray's driver prints what its raylets report (a node that died, a worker killed) to
+    # sys.stdout; stdout carries only the summary or the JSON report, so those go to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait,
+                             notify=lambda line: click.echo(f"arrayjob: {line}", err=True))
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
         click.echo(json.dumps(document, indent=2))
@@ -314,6 +318,20 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _signal_cause(exc: BaseException) -> BaseException | None:
+    """The signal behind ``exc``, if any: raised inside C code (Ray's, NumPy's) a signal's
+    exception can come out wrapped, e.g. as "SystemError: ... returned a result with an
+    exception set" with the signal's exception as its cause."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (Terminated, KeyboardInterrupt)):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def _run(args: list[str], debug: bool) -> int:
     try:
         cli.main(args=args, prog_name="arrayjob", standalone_mode=False)
@@ -335,6 +353,13 @@ def _run(args: list[str], debug: bool) -> int:
         click.echo(f"arrayjob: error: {_one_line(str(exc))}", err=True)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - a bug: say so in one line, details with --debug
+        stop = _signal_cause(exc)
+        if isinstance(stop, Terminated):
+            click.echo(TERMINATED, err=True)
+            return Terminated.exit_code
+        if isinstance(stop, KeyboardInterrupt):
+            click.echo("arrayjob: interrupted", err=True)
+            return 130
         if debug:
             traceback.print_exc()
         click.echo(f"arrayjob: internal error: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for a traceback)", err=True)

@@ -113,6 +113,7 @@ class PrivateRayWatch:
         if not died or self._closed.is_set():
             return
         self.lost = died[0]
+        _quiet_native_stderr()
         if not self.lost.startswith("raylet"):
             import _thread
 
@@ -129,6 +130,32 @@ class PrivateRayWatch:
         self._thread.join()
         for fd in [*self._fds, self._wake_r, self._wake_w]:
             os.close(fd)
+
+
+def _quiet_native_stderr() -> None:
+    """Once its Ray is gone, the driver's Ray core logs every RPC that fails to file
+    descriptor 2; the job says what happened in one line. Python's ``sys.stderr`` keeps the
+    terminal (a copy of the descriptor); the descriptor itself goes to /dev/null."""
+    with suppress(OSError, ValueError):
+        sys.stderr.flush()
+        kept = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        sys.stderr = open(kept, "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",  # noqa: SIM115
+                          errors="backslashreplace")
+
+
+def _tell_session(watchdog: subprocess.Popen[bytes]) -> None:
+    """Give the watchdog the session directory of the Ray started here: its agents and workers
+    are known by the files they hold in it."""
+    import ray._private.worker as worker
+
+    node = worker._global_node
+    if node is not None and watchdog.stdin is not None:
+        with suppress(OSError):
+            watchdog.stdin.write(f"{node.get_session_dir_path()}\n".encode())
+            watchdog.stdin.flush()
 
 
 def _private_processes() -> dict[str, int]:
@@ -193,6 +220,7 @@ def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
                                    f"{_first_line(exc)}") from None
         try:
             if watchdog is not None:
+                _tell_session(watchdog)
                 watch = PrivateRayWatch(_private_processes())
             with _ray_failures(watch):
                 info = _describe()
