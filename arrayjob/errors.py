@@ -6,9 +6,10 @@ Exit codes (documented in README.md):
   2  bad spec or bad input (malformed spec, missing/corrupt array, mismatched shapes, NaN data)
   3  the estimated cost exceeds --max-cost
   4  storage failure: the output cannot be written (checked before the run), a request failed after retries
-  5  the Ray cluster could not be reached or started
+  5  the Ray cluster could not be reached or started, or failed under the job
   6  another live run holds the output's lease (with --no-wait), or took it over from this run
-  130 interrupted
+  130 interrupted (SIGINT, Ctrl-C)
+  143 terminated (SIGTERM): the job stops as on Ctrl-C, its lease released, nothing published
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class StorageError(ArrayJobError):
 
 
 class ClusterError(ArrayJobError):
+    """Ray could not be reached or started, or failed under the job (a dead GCS, raylet or node)."""
+
     exit_code = 5
 
 
@@ -51,3 +54,10 @@ class LeaseHeldError(ArrayJobError):
     the output over from this run after this run's heartbeat lapsed (nothing was published)."""
 
     exit_code = 6
+
+
+class Terminated(BaseException):
+    """SIGTERM received. Like ``KeyboardInterrupt`` it is no error of the job and unwinds every
+    ``with`` and ``finally`` on its way out (leases released, a private Ray stopped)."""
+
+    exit_code = 143

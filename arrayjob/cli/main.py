@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import click
 
 from arrayjob import __version__
-from arrayjob.errors import ArrayJobError
+from arrayjob.errors import ArrayJobError, Terminated
 
 
 def _debug(ctx: click.Context) -> bool:
@@ -96,8 +99,11 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, r
     if max_cost is not None:  # checked before anything starts
         _check_cost(_estimate(job, runner.prepare(job, check_chunks=True), nodes=1, instance_type=instance_type, iterations=None,
                               prices_path=None, profile_path=None), max_cost)
-    outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait, restart=restart,
-                         notify=lambda line: click.echo(f"arrayjob: {line}", err=True))
+    # Ray's driver prints what its raylets report (a node that died, a worker killed) to
+    # sys.stdout; stdout carries only the summary or the JSON report, so those go to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait, restart=restart,
+                             notify=lambda line: click.echo(f"arrayjob: {line}", err=True))
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
         click.echo(json.dumps(document, indent=2))
@@ -289,6 +295,28 @@ def _one_line(message: str) -> str:
     return message.translate({ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
 
 
+TERMINATED = "arrayjob: terminated (SIGTERM)"
+TERMINATE_DEADLINE = 8.0  # seconds from SIGTERM to exit, cleanup or not: Kubernetes kills at 30
+_deadlines: list[threading.Timer] = []
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM: raise ``Terminated`` in the main thread, once, so the job unwinds as on Ctrl-C.
+    Should the unwinding hang, the process still ends in ``TERMINATE_DEADLINE`` seconds."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+
+    def give_up() -> None:
+        sys.stderr.write(f"{TERMINATED}; cleanup did not finish in {TERMINATE_DEADLINE:g} s\n")
+        sys.stderr.flush()
+        os._exit(Terminated.exit_code)
+
+    timer = threading.Timer(TERMINATE_DEADLINE, give_up)
+    timer.daemon = True
+    timer.start()
+    _deadlines.append(timer)
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line per error, the exit code of its class, tracebacks only with --debug."""
     args = sys.argv[1:] if argv is None else argv
@@ -297,6 +325,32 @@ def main(argv: list[str] | None = None) -> int:
         from arrayjob.io.storage import quiet_async_teardown
 
         quiet_async_teardown()
+    handles = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if handles else None
+    try:
+        return _run(args, debug)
+    finally:
+        while _deadlines:  # cleanup finished in time
+            _deadlines.pop().cancel()
+        if handles and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _signal_cause(exc: BaseException) -> BaseException | None:
+    """The signal behind ``exc``, if any: raised inside C code (Ray's, NumPy's) a signal's
+    exception can come out wrapped, e.g. as "SystemError: ... returned a result with an
+    exception set" with the signal's exception as its cause."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (Terminated, KeyboardInterrupt)):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _run(args: list[str], debug: bool) -> int:
     try:
         cli.main(args=args, prog_name="arrayjob", standalone_mode=False)
     except click.ClickException as exc:
@@ -308,12 +362,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("arrayjob: interrupted", err=True)
         return 130
+    except Terminated:
+        click.echo(TERMINATED, err=True)
+        return Terminated.exit_code
     except ArrayJobError as exc:
         if debug:
             traceback.print_exc()
         click.echo(f"arrayjob: error: {_one_line(str(exc))}", err=True)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - a bug: say so in one line, details with --debug
+        stop = _signal_cause(exc)
+        if isinstance(stop, Terminated):
+            click.echo(TERMINATED, err=True)
+            return Terminated.exit_code
+        if isinstance(stop, KeyboardInterrupt):
+            click.echo("arrayjob: interrupted", err=True)
+            return 130
         if debug:
             traceback.print_exc()
         click.echo(f"arrayjob: internal error: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for a traceback)", err=True)

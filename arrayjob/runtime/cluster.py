@@ -5,13 +5,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import select
+import signal
 import socket
+import subprocess
+import sys
+import threading
+import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
-from arrayjob.errors import ClusterError
+from arrayjob.errors import ClusterError, Terminated
 from arrayjob.planner.plan import ClusterShape
+from arrayjob.runtime import reaper
 
 
 @dataclass(frozen=True)
@@ -56,16 +63,129 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
         raise ClusterError(f"cluster.address: cannot connect to Ray at {address!r}: {exc.strerror or exc}") from None
 
 
+def _system_errors() -> tuple[type[BaseException], ...]:
+    """Ray's errors that say Ray itself failed (a process of it died, its objects are lost),
+    never the job's own code: each ends the job with ``ClusterError``."""
+    import ray.exceptions as rx
+
+    return (rx.RaySystemError, rx.LocalRayletDiedError, rx.NodeDiedError, rx.ObjectLostError,
+            rx.WorkerCrashedError, rx.RpcError, rx.ObjectStoreFullError, rx.OutOfDiskError,
+            rx.OutOfMemoryError)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class PrivateRayWatch:
+    """Watches the GCS and raylet of the Ray this job started, by pidfd; ``lost`` names the
+    one that died.
+
+    A dead GCS: Ray's driver would wait a minute for it to come back (a private one never
+    does), then end the process itself. So the main thread is interrupted at once, and the
+    job unwinds as ``ClusterError``. A dead raylet: Ray's driver ends the process (``_Exit(1)``)
+    the next time it touches the object store, typically within 0.1 s, before any Python code
+    can run; so this says why and ends the process first, with ClusterError's exit code.
+    Likewise if the main thread is held in Ray for ``grace`` seconds after an interruption.
+    """
+
+    def __init__(self, processes: dict[str, int], grace: float = 5.0) -> None:
+        self.lost: str | None = None
+        self.grace = grace
+        self._fds: dict[int, str] = {}
+        for name, pid in processes.items():
+            try:
+                self._fds[os.pidfd_open(pid)] = f"{name} (pid {pid})"
+            except (AttributeError, OSError):  # no pidfd here: Ray's own errors still apply
+                continue
+        self._wake_r, self._wake_w = os.pipe()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="arrayjob-ray-watch", daemon=True)
+        self._thread.start()
+
+    def message(self) -> str:
+        return f"the job's Ray stopped under it: its {self.lost} died; nothing published"
+
+    def _watch(self) -> None:
+        ready, _, _ = select.select([*self._fds, self._wake_r], [], [])
+        died = [self._fds[fd] for fd in ready if fd in self._fds]
+        if not died or self._closed.is_set():
+            return
+        self.lost = died[0]
+        _quiet_native_stderr()
+        if not self.lost.startswith("raylet"):
+            import _thread
+
+            _thread.interrupt_main()  # a KeyboardInterrupt in the main thread, read as ClusterError
+            if self._closed.wait(self.grace):
+                return
+        sys.stderr.write(f"arrayjob: error: {self.message()}\n")
+        sys.stderr.flush()
+        os._exit(ClusterError.exit_code)
+
+    def close(self) -> None:
+        self._closed.set()
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        for fd in [*self._fds, self._wake_r, self._wake_w]:
+            os.close(fd)
+
+
+def _quiet_native_stderr() -> None:
+    """Once its Ray is gone, the driver's Ray core logs every RPC that fails to file
+    descriptor 2; the job says what happened in one line. Python's ``sys.stderr`` keeps the
+    terminal (a copy of the descriptor); the descriptor itself goes to /dev/null."""
+    with suppress(OSError, ValueError):
+        sys.stderr.flush()
+        kept = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        sys.stderr = open(kept, "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",  # noqa: SIM115
+                          errors="backslashreplace")
+
+
+def _tell_session(watchdog: subprocess.Popen[bytes]) -> None:
+    """Give the watchdog the session directory of the Ray started here: its agents and workers
+    are known by the files they hold in it."""
+    import ray._private.worker as worker
+
+    node = worker._global_node
+    if node is not None and watchdog.stdin is not None:
+        with suppress(OSError):
+            watchdog.stdin.write(f"{node.get_session_dir_path()}\n".encode())
+            watchdog.stdin.flush()
+
+
+def _private_processes() -> dict[str, int]:
+    """The pids of the GCS and raylet of the Ray started in this process."""
+    import ray._private.worker as worker
+
+    node = worker._global_node
+    found: dict[str, int] = {}
+    for name in ("gcs_server", "raylet"):
+        for info in (node.all_processes.get(name, []) if node is not None else []):
+            found[name] = info.process.pid
+    return found
+
+
 @contextmanager
 def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
-    """Connect to (or start) Ray for one job; a Ray already initialised in-process is reused."""
+    """Connect to (or start) Ray for one job; a Ray already initialised in-process is reused.
+
+    Ray's failures under the job (a dead GCS, raylet or node, lost objects) leave it as
+    ``ClusterError``. A Ray started here stops with the job, and with this process if it is
+    killed (``runtime.reaper``).
+    """
     import ray
 
     # Every task's failure reaches the driver through the results it feeds (load errors
     # through their stats), so Ray's log line for an unread failed block is only noise.
     os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
     if ray.is_initialized():
-        yield _describe()
+        with _ray_failures(None):
+            yield _describe()
         return
     # A local instance is private to this job: no dashboard, no usage stats, no log spam.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -75,25 +195,95 @@ def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
         "logging_level": logging.ERROR,
         "configure_logging": True,
     }
+    watchdog = None
     if options.address == "local":
         kwargs["address"] = "local"
         if options.num_cpus:
             kwargs["num_cpus"] = options.num_cpus
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        token = f"{os.getpid()}-{uuid.uuid4().hex}"
+        watchdog = reaper.start(token)
+        os.environ[reaper.OWNER_VARIABLE] = token  # inherited by every process of this Ray
     else:
         _check_reachable(options.address)
         kwargs["address"] = options.address
         kwargs.pop("include_dashboard")
+    watch = None
     try:
-        ray.init(**kwargs)
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ClusterError(f"cluster.address: cannot connect to Ray at {options.address!r}: {message}") from None
-    try:
-        info = _describe()
-        yield dataclasses.replace(info, started_here=True)
+        with _keep_sigterm_handler():
+            try:
+                ray.init(**kwargs)
+            except Exception as exc:  # noqa: BLE001 - Ray's start-up failures are plain Exceptions too
+                if options.address == "local":
+                    raise ClusterError(f"cannot start a local Ray: {_first_line(exc)}") from None
+                raise ClusterError(f"cluster.address: cannot connect to Ray at {options.address!r}: "
+                                   f"{_first_line(exc)}") from None
+        try:
+            if watchdog is not None:
+                _tell_session(watchdog)
+                watch = PrivateRayWatch(_private_processes())
+            with _ray_failures(watch):
+                info = _describe()
+                yield dataclasses.replace(info, started_here=True)
+        finally:
+            if watch is not None:
+                watch.close()
+            _shutdown(lost=watch is not None and watch.lost is not None)
     finally:
-        ray.shutdown()
+        if watchdog is not None:
+            os.environ.pop(reaper.OWNER_VARIABLE, None)
+            watchdog.stdin.close()  # type: ignore[union-attr]  # stop what is left of this Ray, now
+            with suppress(subprocess.TimeoutExpired):  # it finishes on its own: never hold the exit longer
+                watchdog.wait(timeout=10)
+
+
+def _shutdown(*, lost: bool) -> None:
+    import ray
+
+    if lost:
+        # Half a private Ray is left: stop it by pid, not by asking its dead GCS or raylet.
+        import ray._private.worker as worker
+
+        node = worker._global_node
+        if node is not None:
+            node.kill_all_processes(check_alive=False, allow_graceful=False)
+    ray.shutdown()
+
+
+@contextmanager
+def _ray_failures(watch: PrivateRayWatch | None) -> Iterator[None]:
+    """Ray's own failures, raised anywhere in the job, as ``ClusterError``."""
+    try:
+        yield
+    except BaseException as exc:
+        if watch is not None and watch.lost is not None:
+            raise ClusterError(watch.message()) from None
+        if isinstance(exc, _system_errors()):
+            raise ClusterError(f"Ray failed under the job: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise
+
+
+@contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """Keep this process's SIGTERM handling through ``ray.init``: Ray installs its own handler
+    (a stack dump, then death by the signal), which would skip every ``finally`` of the job."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    except SystemExit as exc:  # SIGTERM during ray.init, by Ray's handler of the time
+        if exc.code != signal.SIGTERM:
+            raise
+        import ray
+
+        with suppress(Exception):
+            ray.shutdown()
+        raise Terminated() from None
+    finally:
+        if kept is not None:
+            signal.signal(signal.SIGTERM, kept)
 
 
 def cluster_shape(info: ClusterInfo) -> ClusterShape:
