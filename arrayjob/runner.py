@@ -119,7 +119,8 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
     try:
         with ExitStack() as stack:
             with metrics.stage("connect"):
-                cluster = stack.enter_context(ray_cluster(spec.cluster))
+                # if a dying Ray ends this process, the output is given up first: a rerun need not wait
+                cluster = stack.enter_context(ray_cluster(spec.cluster, before_exit=output.give_up))
             from arrayjob.runtime.ray_executor import RayExecutor
 
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,

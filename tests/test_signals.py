@@ -182,6 +182,8 @@ def test_a_private_ray_dying_under_the_job_is_exit_5(tmp_path, edges, started, p
     assert seconds < 15  # not Ray's minute of waiting for its GCS
     assert not (tmp_path / "out" / "_SUCCESS").exists()
     assert_gone(started, within=10)
+    # the output was given up: no lease left to wait out, no staging left behind
+    assert not list((tmp_path / "out").glob("_lease/*")) and not list((tmp_path / "out").glob("runs/*"))
 
 
 @pytest.mark.multinode

@@ -241,6 +241,12 @@ class JobOutput:
                 backend.delete(top)
         backend.prune()
 
+    def give_up(self) -> None:
+        """When this process is about to end without unwinding: remove this run's prefix and
+        release the lease, so a rerun starts at once instead of waiting for it to expire."""
+        self.abandon()
+        self.release()
+
     def abandon(self) -> None:
         """After a failed run: remove this run's prefix, unless ``_SUCCESS`` already names it."""
         with contextlib.suppress(OSError, StorageError):  # best effort: the next publish removes it

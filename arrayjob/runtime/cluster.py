@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -90,9 +90,11 @@ class PrivateRayWatch:
     Likewise if the main thread is held in Ray for ``grace`` seconds after an interruption.
     """
 
-    def __init__(self, processes: dict[str, int], grace: float = 5.0) -> None:
+    def __init__(self, processes: dict[str, int], grace: float = 5.0,
+                 before_exit: Callable[[], None] | None = None) -> None:
         self.lost: str | None = None
         self.grace = grace
+        self.before_exit = before_exit  # what must not wait for a lease to expire (best effort)
         self._fds: dict[int, str] = {}
         for name, pid in processes.items():
             try:
@@ -122,6 +124,9 @@ class PrivateRayWatch:
                 return
         sys.stderr.write(f"arrayjob: error: {self.message()}\n")
         sys.stderr.flush()
+        if self.before_exit is not None:
+            with suppress(Exception):
+                self.before_exit()
         os._exit(ClusterError.exit_code)
 
     def close(self) -> None:
@@ -171,8 +176,11 @@ def _private_processes() -> dict[str, int]:
 
 
 @contextmanager
-def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
+def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None = None) -> Iterator[ClusterInfo]:
     """Connect to (or start) Ray for one job; a Ray already initialised in-process is reused.
+
+    ``before_exit`` runs if a dying private Ray ends the process before the job can unwind
+    (its raylet died: Ray's driver would end it within moments): e.g. giving up the output.
 
     Ray's failures under the job (a dead GCS, raylet or node, lost objects) leave it as
     ``ClusterError``. A Ray started here stops with the job, and with this process if it is
@@ -221,7 +229,7 @@ def ray_cluster(options: ClusterOptions) -> Iterator[ClusterInfo]:
         try:
             if watchdog is not None:
                 _tell_session(watchdog)
-                watch = PrivateRayWatch(_private_processes())
+                watch = PrivateRayWatch(_private_processes(), before_exit=before_exit)
             with _ray_failures(watch):
                 info = _describe()
                 yield dataclasses.replace(info, started_here=True)
