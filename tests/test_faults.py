@@ -129,13 +129,19 @@ def test_botocore_retries_are_counted(s3_endpoint: str, s3_bucket: str, monkeypa
 def test_a_refused_chunk_read_names_the_chunk_and_the_status(tmp_path: Path, s3_endpoint: str,
                                                             s3_bucket: str) -> None:
     spec = _logreg_on_s3(tmp_path, s3_bucket, s3_endpoint)
-    with FaultProxy(s3_endpoint, refuse=403, refuse_paths="/X.zarr/c/") as proxy, \
+    # a chunk in the middle: read by a worker
+    with FaultProxy(s3_endpoint, refuse=403, refuse_paths="/X.zarr/c/1/") as proxy, \
             pytest.raises(StorageError) as failed:
         _run(spec, proxy.url)
     message = str(failed.value)
-    assert message.startswith("inputs.X: reading chunk c/") and f"of s3://{s3_bucket}/X.zarr failed: " in message
+    assert message.startswith("inputs.X: reading chunk c/1/0") and f"of s3://{s3_bucket}/X.zarr failed: " in message
     assert message.endswith("GET 403 Forbidden") and "\n" not in message
     assert failed.value.exit_code == 4
+    # the first chunk: refused already when the run checks that the first and last exist
+    with FaultProxy(s3_endpoint, refuse=403, refuse_paths="/X.zarr/c/0/") as proxy, \
+            pytest.raises(StorageError) as failed:
+        _run(spec, proxy.url)
+    assert str(failed.value) == f"inputs.X: checking chunk c/0/0 of s3://{s3_bucket}/X.zarr failed: HEAD 403 Forbidden"
 
 
 @pytest.mark.s3

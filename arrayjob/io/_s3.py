@@ -29,7 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, TypeVar
 
+# Imported whole here, once, not inside functions: a first import of boto3 made from two
+# threads at once (a worker's reads, obstore's credential callbacks) can meet a half-made
+# module ("module 'boto3' has no attribute 'utils'").
+import boto3
+import botocore.config
+import botocore.exceptions
 import obstore
+from obstore.auth.boto3 import Boto3CredentialProvider
 from obstore.exceptions import AlreadyExistsError, BaseError, GenericError
 from obstore.store import S3Store
 from zarr.abc.store import ByteRequest, Store
@@ -154,9 +161,6 @@ def _bucket_region(session: Any, bucket: str, options: StorageOptions | None = N
     """The AWS region of ``bucket`` from a HEAD request's ``x-amz-bucket-region`` header
     (sent even when the request is redirected or refused). s3fs finds it the same way;
     object_store, under obstore, does not, and signs for the region it is given."""
-    import botocore.config
-    import botocore.exceptions
-
     options = options or StorageOptions()
     timeout = min(60.0, options.retry_timeout)
     config = botocore.config.Config(retries={"mode": "standard", "total_max_attempts": options.max_attempts},
@@ -175,9 +179,6 @@ def _bucket_region(session: Any, bucket: str, options: StorageOptions | None = N
 def _store_config(bucket: str, options: StorageOptions) -> dict[str, Any]:
     """The ``S3Store`` arguments for ``bucket``. Cached per process: a boto3 session and,
     without a configured region, a HEAD request are paid once per bucket, not per store."""
-    import boto3
-    from obstore.auth.boto3 import Boto3CredentialProvider
-
     session = boto3.Session(profile_name=options.profile, region_name=options.region)
     endpoint = options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = session.region_name or ("us-east-1" if endpoint else _bucket_region(session, bucket, options))

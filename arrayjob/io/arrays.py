@@ -97,8 +97,7 @@ def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
         raise
     except Exception as exc:  # noqa: BLE001
         if is_storage_failure(exc):
-            raise StorageError(f"inputs.{info.name}: checking the chunks of {info.uri} failed: "
-                               f"{describe_failure(exc)}") from None
+            raise StorageError(f"inputs.{info.name}: {_failed_read(info, 'the first and last chunks', exc, doing='checking')}") from None
         raise InputError(f"inputs.{info.name}: {info.uri} is not a readable Zarr array: "
                          f"{describe_failure(exc)}") from None
 
@@ -186,7 +185,7 @@ def _name_bad_chunk(info: ArrayInfo, array: zarr.Array, selection: tuple[slice, 
                              f"is corrupt: {cause}") from None
 
 
-def _failed_read(info: ArrayInfo, where: str, exc: BaseException) -> str:
+def _failed_read(info: ArrayInfo, where: str, exc: BaseException, doing: str = "reading") -> str:
     """"reading chunk c/3/0 of s3://b/X.zarr failed: 403 Forbidden", naming the chunk when
     the failed request says which."""
     request = failed_request(exc)
@@ -196,9 +195,9 @@ def _failed_read(info: ArrayInfo, where: str, exc: BaseException) -> str:
         attempts = getattr(exc, "attempts", 1)
         tries = f" (after {attempts} attempts)" if attempts > 1 else ""
         if found:
-            return f"reading chunk {key} of {info.uri} failed: {method} {cause}{tries}"
-        return f"reading [{where}] of {info.uri} failed: {method} {url}: {cause}{tries}"
-    return f"reading [{where}] of {info.uri} failed: {describe_failure(exc)}"
+            return f"{doing} chunk {key} of {info.uri} failed: {method} {cause}{tries}"
+        return f"{doing} [{where}] of {info.uri} failed: {method} {url}: {cause}{tries}"
+    return f"{doing} [{where}] of {info.uri} failed: {describe_failure(exc)}"
 
 
 def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) -> np.ndarray:
