@@ -38,7 +38,6 @@ in the object store where their tasks ran, and later plans take them zero-copy.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections import Counter
@@ -250,7 +249,7 @@ class RayExecutor:
             # ray.get of a list raises at the first failed read, without waiting for the rest
             collected = self._get([ref for _, ref in pending])
         except BaseException:
-            self._cancel_loads(pending)
+            self._forget_loads(pending)
             raise
         for (key, _), stats in zip(pending, collected, strict=True):
             counters = StorageCounters(**{k: stats[k] for k in StorageCounters.__dataclass_fields__})
@@ -260,13 +259,13 @@ class RayExecutor:
             self.metrics.hold_block(stats["node"], stats["nbytes"])
             self._block_home[key] = (stats["node"], stats["nbytes"])
 
-    def _cancel_loads(self, pending: list[tuple[BlockKey, ray.ObjectRef]]) -> None:
-        """Cancel block reads still queued or running after one failed: the job stops, and a
-        shared cluster should not go on reading (and holding) blocks for it."""
-        for key, stats in pending:
+    def _forget_loads(self, pending: list[tuple[BlockKey, ray.ObjectRef]]) -> None:
+        """After a failed read the job stops: drop the other reads' blocks, so Ray frees each
+        as soon as its read ends. They are not cancelled: ``ray.cancel`` of a task that is
+        finishing races with its completion in Ray's core worker (Ray 2.60, ray-project/ray
+        #54846) and ends the driver process with a failed check; each read is one chunk."""
+        for key, _ in pending:
             self._blocks.pop(key, None)
-            with contextlib.suppress(Exception):  # best effort: the job is failing anyway
-                ray.cancel(stats)  # one return of a task cancels the task; a finished one is left
 
     def _get(self, refs: list[ray.ObjectRef]) -> list[Any]:
         try:
