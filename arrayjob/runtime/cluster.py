@@ -19,6 +19,15 @@ from dataclasses import dataclass, field
 from arrayjob.errors import ClusterError, Terminated
 from arrayjob.planner.plan import ClusterShape
 from arrayjob.runtime import reaper
+from arrayjob.units import seconds
+
+
+def _is_duration(value: float | str) -> bool:
+    try:
+        seconds(value)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,17 @@ class ClusterOptions:
 
     address: str = field(default="local", metadata={"check": bool, "expect": "'local', 'auto' or a Ray address"})
     num_cpus: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
+    # Sizing by the plan (issue #16): the job asks the cluster's autoscaler for nodes between
+    # these; without max_nodes it plans on the nodes it finds and asks for none.
+    min_nodes: int = field(default=0, metadata={"check": lambda v: v >= 0, "expect": "an integer >= 0"})
+    max_nodes: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
+    node_type: str | None = field(default=None, metadata={"check": bool, "expect": "an instance type of the price table"})
+    scale_timeout: float | str = field(default=600.0, metadata={"check": _is_duration,
+                                                                "expect": "a duration like 90s, 10m or 1.5h"})
+
+    @property
+    def scale_timeout_seconds(self) -> float:
+        return seconds(self.scale_timeout)
 
 
 @dataclass(frozen=True)
