@@ -15,7 +15,7 @@ from typing import Any
 from arrayjob.costing.estimate import Estimate, estimate_job
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import load_profile
-from arrayjob.costing.sizing import choose_nodes
+from arrayjob.costing.sizing import NodeChoice, choose_nodes, usable_bytes
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
@@ -28,7 +28,8 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.report import html as report_html
 from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import cluster_shape, ray_cluster
-from arrayjob.runtime.metrics import RunMetrics
+from arrayjob.runtime.metrics import NodeLog, RunMetrics
+from arrayjob.runtime.scaling import NodeRequest, requested_nodes
 from arrayjob.runtime.session import Session
 from arrayjob.spec import JobSpec
 
@@ -103,6 +104,16 @@ def sizes_cluster(spec: JobSpec, nodes: int | None = None, deadline: float | Non
     return wanted
 
 
+def node_request(choice: NodeChoice, spec: JobSpec) -> NodeRequest:
+    """The autoscaler request for ``choice``: one bundle per node of the node type's CPUs and
+    the object-store bytes the plan puts on a node (at most what the type's store can give)."""
+    instance = choice.instance
+    per_node = min(max(choice.estimate.peak_bytes_per_node, default=0), usable_bytes(instance))
+    return NodeRequest(count=choice.nodes, cpus=max(1, instance.vcpus), object_store_bytes=per_node,
+                       enough=min(choice.needed, choice.nodes), node_type=instance.name,
+                       timeout=spec.cluster.scale_timeout_seconds)
+
+
 def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = None, wait: bool = True,
         restart: bool = False, notify: Callable[[str], None] = lambda line: None,
         metrics: RunMetrics | None = None, nodes: int | None = None, deadline: float | None = None,
@@ -154,6 +165,11 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             with metrics.stage("connect"):
                 # if a dying Ray ends this process, the output is given up first: a rerun need not wait
                 cluster = stack.enter_context(ray_cluster(spec.cluster, before_exit=output.give_up))
+                if scaling:
+                    assert choice is not None
+                    metrics.nodes = NodeLog(started=metrics.started)
+                    cluster = stack.enter_context(
+                        requested_nodes(node_request(choice, spec), metrics.nodes, notify))
             from arrayjob.runtime.ray_executor import RayExecutor
 
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
@@ -175,6 +191,9 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
             instance=instance, prices=prices, estimate=predicted,
         )
+        if choice is not None and scaling:
+            report["nodes"]["requested"] = choice.nodes
+            report["nodes"]["choice"] = choice.line
         resumed = checkpoints.resumed
         report["checkpoints"] = {
             "every_seconds": spec.run.checkpoint_every, "saved": checkpoints.saved,

@@ -125,3 +125,10 @@ def test_spec_keys_are_checked(big, capsys):
     code, _, err = run_cli(["estimate", str(big), "--set", 'cluster.scale_timeout="soon"'], capsys)
     assert code == 2 and "cluster.scale_timeout: expected a duration like 90s, 10m or 1.5h" in err
     assert load_spec(big, ['cluster.scale_timeout="2m"']).cluster.scale_timeout_seconds == 120
+
+
+def test_a_local_ray_cannot_be_sized(big, workdir, capsys):
+    for args in (["--nodes", "2"], ["--deadline", "5m"], ["--set", "cluster.max_nodes=4"]):
+        code, out, err = run_cli(["run", str(big), *args], capsys)
+        assert code == 2 and out == "" and "sizing the cluster needs a Ray with an autoscaler" in err, err
+    assert not (workdir / "out").exists()

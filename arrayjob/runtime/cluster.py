@@ -58,7 +58,8 @@ class ClusterInfo:
     memory_per_node: int = 0  # the smallest node's memory for tasks, in bytes
 
 
-def _describe() -> ClusterInfo:
+def describe() -> ClusterInfo:
+    """The cluster as it is now: its alive nodes with CPUs, their CPUs and smallest memory."""
     import ray
 
     # Nodes without CPUs (a head that only schedules) cannot run block tasks: not placed on.
@@ -213,7 +214,7 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
     os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
     if ray.is_initialized():
         with _ray_failures(None):
-            yield _describe()
+            yield describe()
         return
     # A local instance is private to this job: no dashboard, no usage stats, no log spam.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -251,7 +252,7 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
                 _tell_session(watchdog)
                 watch = PrivateRayWatch(_private_processes(), before_exit=before_exit)
             with _ray_failures(watch):
-                info = _describe()
+                info = describe()
                 yield dataclasses.replace(info, started_here=True)
         finally:
             if watch is not None:

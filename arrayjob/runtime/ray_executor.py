@@ -63,6 +63,7 @@ from arrayjob.planner.physical import (
 )
 from arrayjob.runtime.executor import load_and_check
 from arrayjob.runtime.metrics import RunMetrics
+from arrayjob.runtime.scaling import worker_ids
 
 TASK_RETRIES = 3
 # Driver values up to this size go to the tasks by value, inside the task (Ray inlines
@@ -198,7 +199,10 @@ class RayExecutor:
         if now - self._watched < every:
             return
         self._watched = now
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        nodes = ray.nodes()
+        alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+        if self.metrics.nodes is not None:
+            self.metrics.nodes.observe(worker_ids(nodes))
         lost = sorted(self._seen - alive - self._lost)
         self._seen |= alive
         for node in lost:
