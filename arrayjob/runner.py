@@ -15,7 +15,7 @@ from typing import Any
 from arrayjob.costing.estimate import Estimate, estimate_job
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import load_profile
-from arrayjob.costing.sizing import NodeChoice, choose_nodes, usable_bytes
+from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
@@ -174,7 +174,9 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
 
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
                                      profile=load_profile()).as_dict()
-            executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
+            # a sized cluster's nodes may come and go: each program is planned on those alive then
+            executor = RayExecutor(spec.storage, cluster.node_ids, metrics, follow_nodes=scaling,
+                                   relocate=relocation(load_profile()))
             session = Session(executor, plan_options(spec, cluster_shape(cluster)))
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
             result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints))

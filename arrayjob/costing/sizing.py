@@ -22,6 +22,7 @@ is ``CapacityError`` (exit 7) naming the count, a deadline no count meets is
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,3 +235,16 @@ def _by_deadline(price: _Pricer, needed: int, limit: int, deadline: float) -> No
         last = max(slower, key=lambda p: p.nodes)
         reason += f"; {last.nodes} would take about {duration(last.wall_seconds)}"
     return NodeChoice(best.nodes, price.instance, "deadline", reason, needed, True, price(best.nodes), price.priced())
+
+
+def relocation(profile: MachineProfile) -> Callable[[int], str]:
+    """How a held block reaches the node its next use was placed on after the cluster's
+    nodes changed: ``"move"`` (node to node) or ``"read"`` (again, from storage), whichever
+    the machine profile prices lower for its bytes (a read pays a request too)."""
+
+    def cheaper(nbytes: int) -> str:
+        move = nbytes / profile.network_bytes_per_s
+        read = nbytes / profile.storage_read_bytes_per_s + profile.request_seconds
+        return "move" if move <= read else "read"
+
+    return cheaper
