@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 BUCKET ?= .arrayjob/bucket
 DEMO   := $(BUCKET)/demo/logreg
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test test-autoscale bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,16 @@ demo: $(VENV)/.installed $(DEMO)/X.zarr/zarr.json
 
 # Import contracts first (layers downward only, no cycles, a planner free of execution
 # and storage libraries: [tool.importlinter] in pyproject.toml), then the suite.
+# The fake autoscaling cluster's tests (tests/autoscale) run last, in their own pytest
+# process inside a private PID, mount and network namespace: starting and stopping that
+# cluster acts on every Ray process it can see. Needs root (or unprivileged user namespaces).
 test: $(VENV)/.installed-test
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
+	unshare --pid --fork --mount-proc --net sh tests/autoscale/run.sh
+
+test-autoscale: $(VENV)/.installed-test
+	unshare --pid --fork --mount-proc --net sh tests/autoscale/run.sh
 
 # arrayjob against its peers and the machine's limits (docs/benchmarks.md). The full size
 # takes about 10 minutes on 2 cores; `make bench BENCH_SIZE=quick` a few.

@@ -8,6 +8,8 @@ Exit codes (documented in README.md):
   4  storage failure: the output cannot be written (checked before the run), a request failed after retries
   5  the Ray cluster could not be reached or started, or failed under the job
   6  another live run holds the output's lease (with --no-wait), or took it over from this run
+  7  the cluster cannot hold the job: cluster.max_nodes is below the nodes its memory needs, or
+     too few nodes arrived within cluster.scale_timeout (nothing read, nothing written)
   130 interrupted (SIGINT, Ctrl-C)
   143 terminated (SIGTERM): the job stops as on Ctrl-C, its lease released, nothing published
 """
@@ -54,6 +56,13 @@ class LeaseHeldError(ArrayJobError):
     the output over from this run after this run's heartbeat lapsed (nothing was published)."""
 
     exit_code = 6
+
+
+class CapacityError(ArrayJobError):
+    """The cluster cannot hold the job: ``cluster.max_nodes`` is below the node count whose
+    object stores hold the plan, or too few nodes arrived within ``cluster.scale_timeout``."""
+
+    exit_code = 7
 
 
 class Terminated(BaseException):

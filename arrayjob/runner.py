@@ -12,10 +12,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrayjob.costing.estimate import estimate_job
+from arrayjob.costing.estimate import Estimate, estimate_job
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import load_profile
-from arrayjob.errors import InputError
+from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
+from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
 from arrayjob.io.checkpoint import Checkpoints, CheckpointStore, kill_point
@@ -27,7 +28,8 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.report import html as report_html
 from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import cluster_shape, ray_cluster
-from arrayjob.runtime.metrics import RunMetrics
+from arrayjob.runtime.metrics import NodeLog, RunMetrics
+from arrayjob.runtime.scaling import NodeRequest, requested_nodes
 from arrayjob.runtime.session import Session
 from arrayjob.spec import JobSpec
 
@@ -81,28 +83,70 @@ def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
     arrays = open_inputs(spec)
     job = get_job(spec.algorithm)(spec.params, arrays, spec.storage)  # shapes and dtypes first
     if check_chunks:
-        for info in arrays.values():
-            check_chunks_stored(info, spec.storage)
+        check_inputs(job)
     return job
 
 
-def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local", wait: bool = True,
+def check_inputs(job: Job) -> None:
+    """Each input's first and last chunk exist (two HEAD requests per input)."""
+    for info in job.arrays.values():
+        check_chunks_stored(info, job.storage)
+
+
+def sizes_cluster(spec: JobSpec, nodes: int | None = None, deadline: float | None = None) -> bool:
+    """Whether a run chooses its node count and asks the cluster's autoscaler for it: with
+    ``cluster.max_nodes``, ``--nodes`` or ``--deadline``; only a Ray at an address can grow."""
+    wanted = spec.cluster.max_nodes is not None or nodes is not None or deadline is not None
+    if wanted and spec.cluster.address == "local":
+        key = "--nodes" if nodes is not None else "--deadline" if deadline is not None else "cluster.max_nodes"
+        raise SpecError(f"{key}: sizing the cluster needs a Ray with an autoscaler (cluster.address = \"auto\" "
+                        "or HOST:PORT); a local Ray has this machine only")
+    return wanted
+
+
+def node_request(choice: NodeChoice, spec: JobSpec) -> NodeRequest:
+    """The autoscaler request for ``choice``: one bundle per node of the node type's CPUs and
+    the object-store bytes the plan puts on a node (at most what the type's store can give)."""
+    instance = choice.instance
+    per_node = min(max(choice.estimate.peak_bytes_per_node, default=0), usable_bytes(instance))
+    return NodeRequest(count=choice.nodes, cpus=max(1, instance.vcpus), object_store_bytes=per_node,
+                       enough=min(choice.needed, choice.nodes), node_type=instance.name,
+                       timeout=spec.cluster.scale_timeout_seconds)
+
+
+def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = None, wait: bool = True,
         restart: bool = False, notify: Callable[[str], None] = lambda line: None,
-        metrics: RunMetrics | None = None) -> RunOutcome:
+        metrics: RunMetrics | None = None, nodes: int | None = None, deadline: float | None = None,
+        check_cost: Callable[[Estimate], None] | None = None) -> RunOutcome:
     """Run ``spec`` and publish its output. Another run holding the output is waited for (or,
     unless ``wait``, ``LeaseHeldError``); waiting and takeovers are told to ``notify``. An
     iterative job resumes from the checkpoint a dead run of the same spec left (told to
     ``notify``), unless ``restart``: then checkpoints are removed first (``io.checkpoint``).
-    ``metrics`` (fresh by default) is where the run counts what happens, stage by stage."""
+    ``metrics`` (fresh by default) is where the run counts what happens, stage by stage.
+
+    The node count (``costing.sizing.choose_nodes``: ``nodes``, ``deadline``, or the plan's
+    memory) is chosen before any data is read and told to ``notify``; when the run sizes its
+    cluster (``sizes_cluster``) it is asked of the autoscaler. ``check_cost`` sees the estimate
+    at that count first (``--max-cost``)."""
     started = time.perf_counter()
     metrics = metrics or RunMetrics()
     retries = storage_retries()  # this (driver) process's; the workers' come with their reads
     with metrics.stage("validate"):
-        job = prepare(spec, check_chunks=True)
+        job = prepare(spec)
+        prices = load_prices()
+        instance = prices.instance(instance_type or spec.cluster.node_type or "local")
+        scaling = sizes_cluster(spec, nodes, deadline)
+        choice = None
+        if scaling or check_cost is not None:  # before any chunk is touched
+            choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=load_profile(),
+                                  nodes=nodes, deadline=deadline)
+            if scaling:
+                notify(f"nodes: {choice.line}")
+            if check_cost is not None:
+                check_cost(choice.estimate)
+        check_inputs(job)
         output = JobOutput(spec.output, spec.storage, spec.digest())
         done = output.check(overwrite=overwrite, expected_bytes=job.output_bytes())
-        prices = load_prices()
-        instance = prices.instance(instance_type)
     if done is not None:
         return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
     waiting = time.perf_counter()
@@ -121,11 +165,18 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
             with metrics.stage("connect"):
                 # if a dying Ray ends this process, the output is given up first: a rerun need not wait
                 cluster = stack.enter_context(ray_cluster(spec.cluster, before_exit=output.give_up))
+                if scaling:
+                    assert choice is not None
+                    metrics.nodes = NodeLog(started=metrics.started)
+                    cluster = stack.enter_context(
+                        requested_nodes(node_request(choice, spec), metrics.nodes, notify))
             from arrayjob.runtime.ray_executor import RayExecutor
 
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
                                      profile=load_profile()).as_dict()
-            executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
+            # a sized cluster's nodes may come and go: each program is planned on those alive then
+            executor = RayExecutor(spec.storage, cluster.node_ids, metrics, follow_nodes=scaling,
+                                   relocate=relocation(load_profile()))
             session = Session(executor, plan_options(spec, cluster_shape(cluster)))
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
             result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints))
@@ -142,6 +193,9 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
             instance=instance, prices=prices, estimate=predicted,
         )
+        if choice is not None and scaling:
+            report["nodes"]["requested"] = choice.nodes
+            report["nodes"]["choice"] = choice.line
         resumed = checkpoints.resumed
         report["checkpoints"] = {
             "every_seconds": spec.run.checkpoint_every, "saved": checkpoints.saved,

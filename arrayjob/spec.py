@@ -318,6 +318,9 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
                             "the result would be written into an input")
 
     cluster = table_to_dataclass(ClusterOptions, raw.get("cluster", {}), "cluster")
+    if cluster.max_nodes is not None and cluster.min_nodes > cluster.max_nodes:
+        raise SpecError(f"cluster.min_nodes: expected at most cluster.max_nodes ({cluster.max_nodes}), "
+                        f"got {cluster.min_nodes}")
     storage = table_to_dataclass(StorageOptions, raw.get("storage", {}), "storage")
     planner = table_to_dataclass(PlannerOptions, raw.get("planner", {}), "planner")
     run = table_to_dataclass(RunOptions, raw.get("run", {}), "run")

@@ -252,10 +252,14 @@ def test_plan_and_estimate_warn_when_a_node_is_too_small(huge, capsys):
     assert "about 3 such nodes would hold it (--nodes 3)" in line and "issue #17" in line
     assert "warning" not in out.lower()
 
-    code, out, err = run_cli(["estimate", str(huge), "--format", "json", "--instance-type", "m5.xlarge"], capsys)
+    code, out, err = run_cli(["estimate", str(huge), "--format", "json", "--instance-type", "m5.xlarge",
+                              "--nodes", "1"], capsys)
     assert code == 0
     assert "one m5.xlarge node has 16 GiB" in _warning(err) and "--nodes 4" in _warning(err)
     assert json.loads(out)["memory"]["peak_bytes_per_node"][0] > 16 * 2**30  # stdout stays JSON
+    # without --nodes, estimate prices the count whose object stores hold the plan: no warning
+    code, out, err = run_cli(["estimate", str(huge), "--format", "json", "--instance-type", "m5.xlarge"], capsys)
+    assert code == 0 and err == "" and json.loads(out)["choice"]["rule"] == "memory"
 
     code, out, err = run_cli(["plan", str(huge), "--nodes", "3"], capsys)  # the suggested count fits
     assert code == 0 and "warning" not in err

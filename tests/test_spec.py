@@ -84,7 +84,7 @@ MALFORMED = [
      "{spec}: not valid TOML: Exceeds the limit (4300 digits) for integer string conversion: value has 5001 digits; "
      "use sys.set_int_max_str_digits() to increase the limit"),
     ("cluster typo", GOOD + '\n[cluster]\nadress = "auto"\n', [],
-     "cluster.adress: unknown key (expected one of: address, num_cpus)"),
+     "cluster.adress: unknown key (expected one of: address, num_cpus, min_nodes, max_nodes, node_type, scale_timeout)"),
     ("missing array", GOOD.replace("data/X.zarr", "nodata/X.zarr"), [],
      "inputs.X: no Zarr array at {cwd}/nodata/X.zarr (demo data: arrayjob datagen logreg {cwd}/nodata)"),
     ("a group, not an array", GOOD.replace('X = "data/X.zarr"', 'X = "grp.zarr"'), [],

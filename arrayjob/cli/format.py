@@ -57,6 +57,18 @@ def faults_line(report: dict[str, Any]) -> list[str]:
     return [f"  faults: {', '.join(parts)}"] if parts else []
 
 
+def nodes_line(report: dict[str, Any]) -> list[str]:
+    """"  nodes: asked for 3 × fake.small, used 3 at most (3 added), 70.8 node-seconds, $0.0020",
+    for a run that sized its cluster."""
+    n = report.get("nodes") or {}
+    if "requested" not in n:
+        return []
+    dollars = (report.get("dollars") or {}).get("compute")
+    return [f"  nodes: asked for {n['requested']} × {n['instance_type']}, used {n['count']} at most "
+            f"({n['added']} added), {n['node_seconds']:.1f} node-seconds"
+            + (f", ${dollars:.4f} of compute" if dollars is not None else "")]
+
+
 def summary(outcome: Any, *, table: bool = False) -> str:
     """What `arrayjob run` prints when it finishes."""
     spec = outcome.spec
@@ -75,6 +87,7 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
         f"{r['tasks']['count']:,} tasks on {_nodes(r)}, {r['cluster']['cpus']} CPUs",
         *faults_line(r),
+        *nodes_line(r),
         f"  result: {spec.output.join(outcome.manifest['prefix'])}/result.zarr (run {outcome.manifest['run_id']}); "
         "report.json, report.html beside it",
         figures(r, table=table),

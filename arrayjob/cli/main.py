@@ -56,6 +56,25 @@ instance_option = click.option("--instance-type", default="local", show_default=
 prices_option = click.option("--prices", "prices_path", type=click.Path(dir_okay=False), help="Price table (TOML).")
 profile_option = click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
                               help="Machine profile from `arrayjob calibrate`.")
+estimate_instance_option = click.option(
+    "--instance-type", default=None, help="Instance type from the price table  [default: cluster.node_type, else local]")
+nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,
+                            help="Nodes to run on  [default: chosen from the estimate]")
+
+
+def _duration_value(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    from arrayjob.units import seconds
+
+    if value is None:
+        return None
+    try:
+        return seconds(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+deadline_option = click.option("--deadline", callback=_duration_value, metavar="DURATION",
+                               help="Choose the cheapest node count the estimate finishes within, e.g. 20m.")
 max_cost_option = click.option("--max-cost", type=click.FloatRange(min=0), help="Fail (exit 3) above this many dollars.")
 
 
@@ -85,25 +104,31 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @fusion_option
 @placement_option
 @max_cost_option
-@instance_option
+@nodes_option
+@deadline_option
+@estimate_instance_option
 @debug_option
 def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, restart: bool, as_json: bool,
-        tiling: str | None, fusion: str | None, placement: str | None, max_cost: float | None, instance_type: str,
-        debug: bool) -> None:
-    """Run the job in SPEC and publish its result, report and _SUCCESS."""
+        tiling: str | None, fusion: str | None, placement: str | None, max_cost: float | None, nodes: int | None,
+        deadline: float | None, instance_type: str | None, debug: bool) -> None:
+    """Run the job in SPEC and publish its result, report and _SUCCESS.
+
+    With cluster.max_nodes, --nodes or --deadline the job sizes its cluster: it asks the
+    autoscaler of the Ray at cluster.address for the node count `estimate` chooses, and
+    gives the nodes back when it ends.
+    """
     from arrayjob import runner
     from arrayjob.cli.format import summary
     from arrayjob.spec import load_spec
 
     job = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *_overrides(overrides)])
-    if max_cost is not None:  # checked before anything starts
-        _check_cost(_estimate(job, runner.prepare(job, check_chunks=True), nodes=1, instance_type=instance_type, iterations=None,
-                              prices_path=None, profile_path=None), max_cost)
     # Ray's driver prints what its raylets report (a node that died, a worker killed) to
     # sys.stdout; stdout carries only the summary or the JSON report, so those go to stderr.
     with contextlib.redirect_stdout(sys.stderr):
         outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait, restart=restart,
-                             notify=lambda line: click.echo(f"arrayjob: {line}", err=True))
+                             notify=lambda line: click.echo(f"arrayjob: {line}", err=True), nodes=nodes,
+                             deadline=deadline,
+                             check_cost=None if max_cost is None else lambda est: _check_cost(est, max_cost))
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
         click.echo(json.dumps(document, indent=2))
@@ -162,14 +187,15 @@ def _warn(message: str) -> None:
         click.echo(f"arrayjob: warning: {message}", err=True)
 
 
-def _estimate(job_spec, job, *, nodes: int, instance_type: str, iterations: int | None,
-              prices_path: str | None, profile_path: str | None):  # type: ignore[no-untyped-def]
-    from arrayjob.costing.estimate import estimate_job
+def _choose(job_spec, job, *, nodes: int | None, deadline: float | None, instance_type: str | None,
+            iterations: int | None, prices_path: str | None, profile_path: str | None):  # type: ignore[no-untyped-def]
     from arrayjob.costing.prices import load_prices
     from arrayjob.costing.profile import load_profile
+    from arrayjob.costing.sizing import choose_nodes
 
     prices = load_prices(prices_path)
-    return estimate_job(job, job_spec, nodes=nodes, instance=prices.instance(instance_type), prices=prices,
+    instance = prices.instance(instance_type or job_spec.cluster.node_type or "local")
+    return choose_nodes(job, job_spec, nodes=nodes, deadline=deadline, instance=instance, prices=prices,
                         profile=load_profile(profile_path), iterations=iterations)
 
 
@@ -201,26 +227,37 @@ def _over(total: float, limit: float) -> tuple[str, str]:
 @cli.command()
 @click.argument("spec", type=click.Path())  # read (and checked) by load_spec: errors are one line
 @set_option
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@instance_option
+@nodes_option
+@deadline_option
+@estimate_instance_option
 @click.option("--iterations", type=click.IntRange(min=1), help="Iterations to assume [default: params.max_iter].")
 @max_cost_option
 @prices_option
 @profile_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @debug_option
-def estimate(spec: str, overrides: tuple[str, ...], nodes: int, instance_type: str, iterations: int | None,
-             max_cost: float | None, prices_path: str | None, profile_path: str | None, fmt: str, debug: bool) -> None:
-    """Predict time, memory, traffic and dollars for SPEC, reading metadata only."""
+def estimate(spec: str, overrides: tuple[str, ...], nodes: int | None, deadline: float | None,
+             instance_type: str | None, iterations: int | None, max_cost: float | None, prices_path: str | None,
+             profile_path: str | None, fmt: str, debug: bool) -> None:
+    """Predict time, memory, traffic and dollars for SPEC, reading metadata only.
+
+    The node count is --nodes, else the cheapest that meets --deadline, else the smallest
+    whose object stores hold the plan (raised while the extra nodes pay for themselves, up
+    to cluster.max_nodes); the table says which and why.
+    """
     from arrayjob import runner
     from arrayjob.costing.table import table
     from arrayjob.spec import load_spec
 
     job_spec = load_spec(spec, list(overrides))
     job = runner.prepare(job_spec)
-    est = _estimate(job_spec, job, nodes=nodes, instance_type=instance_type, iterations=iterations,
-                    prices_path=prices_path, profile_path=profile_path)
-    click.echo(json.dumps(est.as_dict(), indent=2) if fmt == "json" else table(est))
+    choice = _choose(job_spec, job, nodes=nodes, deadline=deadline, instance_type=instance_type,
+                     iterations=iterations, prices_path=prices_path, profile_path=profile_path)
+    est = choice.estimate
+    if fmt == "json":
+        click.echo(json.dumps({**est.as_dict(), "choice": choice.as_dict()}, indent=2))
+    else:
+        click.echo(table(est, choice.line))
     _warn(est.memory_warning)
     _check_cost(est, max_cost)
 

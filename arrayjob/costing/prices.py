@@ -17,12 +17,24 @@ from arrayjob.errors import SpecError
 DEFAULT = Path(__file__).with_name("prices.toml")
 
 
+# Ray's object store takes this share of a node's memory unless told otherwise
+# (ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION)
+OBJECT_STORE_SHARE = 0.3
+
+
 @dataclass(frozen=True)
 class Instance:
     name: str
     usd_per_hour: float
     vcpus: int
     memory_gib: float
+    object_store_gib: float | None = None  # Ray's default share of memory_gib when not given
+
+    @property
+    def object_store_bytes(self) -> int:
+        """The node's Ray object store: where its blocks live between tasks."""
+        gib = self.object_store_gib if self.object_store_gib is not None else OBJECT_STORE_SHARE * self.memory_gib
+        return int(gib * 2**30)
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,8 @@ def load_prices(path: str | Path | None = None) -> PriceTable:
     try:
         raw = tomllib.loads(path.read_text())
         instances = {
-            name: Instance(name, float(v["usd_per_hour"]), int(v["vcpus"]), float(v["memory_gib"]))
+            name: Instance(name, float(v["usd_per_hour"]), int(v["vcpus"]), float(v["memory_gib"]),
+                           float(v["object_store_gib"]) if "object_store_gib" in v else None)
             for name, v in raw["instances"].items()
         }
         return PriceTable(str(raw["version"]), str(path), float(raw["storage"]["get_per_1000"]),

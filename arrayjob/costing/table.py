@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 from arrayjob.costing.estimate import Estimate
-from arrayjob.units import size
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+from arrayjob.units import duration, size
 
 
 def _money(x: float) -> str:
     return f"${x:,.2f}" if x >= 0.01 or x == 0 else f"${x:.4f}"
 
 
-def table(est: Estimate) -> str:
+def table(est: Estimate, choice: str = "") -> str:
+    """The estimate as a table; ``choice`` is the node-count line (``NodeChoice.line``)."""
     d = est.dollars()
     rows: list[tuple[str, str, str, str]] = []
 
@@ -57,6 +50,8 @@ def table(est: Estimate) -> str:
     lines.append("─" * (width + 37))
     peak = max(est.peak_bytes_per_node, default=0)
     lines.append(f" Peak memory per node: {size(peak)} (of {est.instance.memory_gib:g} GiB)")
+    if choice:
+        lines.append(f" Nodes: {choice}")
     lines += [f" Assumes: {a}" for a in est.assumptions()]
     lines.append("")
     lines.append(summary(est))
@@ -66,4 +61,4 @@ def table(est: Estimate) -> str:
 def summary(est: Estimate) -> str:
     load = next(s for s in est.stages if s.name == "load")
     return (f"This job will read {size(load.bytes_read)} in {load.get_requests:,} requests and run about "
-            f"{_duration(est.wall_seconds)} on {est.nodes} × {est.instance.name}: about {_money(est.dollars()['total'])}.")
+            f"{duration(est.wall_seconds)} on {est.nodes} × {est.instance.name}: about {_money(est.dollars()['total'])}.")

@@ -44,6 +44,13 @@ class PlanOptions:
     placement: str = "lshs"
     cluster: ClusterShape = ClusterShape()
     target_block_bytes: int = TARGET_BLOCK_BYTES
+    # the workers block sizes aim at, when not the cluster's: a job whose nodes change keeps
+    # the tiling it read its inputs with, so only placement follows the nodes (issue #16)
+    tiling_workers: int | None = None
+
+    @property
+    def workers_for_tiling(self) -> int:
+        return max(1, self.tiling_workers or self.cluster.workers)
 
 
 @dataclass(frozen=True)

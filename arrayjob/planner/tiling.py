@@ -52,7 +52,7 @@ def block_lengths(graph: Graph, options: PlanOptions) -> dict[int, int]:
     (the largest such array decides); other classes get about two blocks per worker.
     """
     classes = graph.axis_classes
-    workers = max(1, options.cluster.workers)
+    workers = options.workers_for_tiling
     anchor: dict[int, tuple[int, int, int]] = {}  # class -> (array bytes, chunk, other-axes bytes)
     for i, node in enumerate(graph.nodes):
         if not isinstance(node.attrs, Source):
@@ -133,7 +133,7 @@ class TilingModel:
 
     def __init__(self, graph: Graph, options: PlanOptions) -> None:
         self.graph, self.options = graph, options
-        self.workers = max(1, options.cluster.workers)
+        self.workers = options.workers_for_tiling
         self.lengths = plan_lengths(graph, options)
         self.fixed = fixed_blocking(graph)[0]
         ac = graph.axis_classes

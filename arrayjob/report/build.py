@@ -66,6 +66,12 @@ def build_report(
     nodes = list(cluster.node_ids)
     peak = metrics.peak_object_store_bytes_per_node
     node_seconds = wall_seconds * max(1, len(nodes))
+    used: dict[str, Any] = {"count": len(nodes)}
+    if metrics.nodes is not None:  # a sized cluster: each node from its first use to its release
+        used = metrics.nodes.as_dict()
+        node_seconds = float(used["node_seconds"])
+        # nodes that joined while the job ran follow the first ones in the per-node figures
+        nodes += [str(p["node_id"]) for p in used["per_node"] if p["node_id"] not in nodes]  # type: ignore[index, union-attr]
     dollars: dict[str, float] = {}
     if instance is not None and prices is not None:
         compute = node_seconds / 3600 * instance.usd_per_hour
@@ -106,12 +112,11 @@ def build_report(
             "bytes_touched": metrics.bytes_touched,
             "driver_peak_rss_bytes": driver_peak_rss_bytes(),
         },
-        "nodes": {"count": len(nodes), "node_seconds": round(node_seconds, 3),
-                  "instance_type": instance.name if instance else None},
+        "nodes": {**used, "node_seconds": round(node_seconds, 3), "instance_type": instance.name if instance else None},
         "dollars": dollars,
         "cluster": {
             "address": cluster.address,
-            "nodes": len(nodes),
+            "nodes": len(cluster.node_ids),
             "node_ids": nodes,
             "nodes_lost": len(metrics.faults.nodes_lost),
             "cpus": cluster.cpus,

@@ -113,6 +113,31 @@ def _figures(report: dict[str, Any]) -> list[tuple[str, Any, Any, Any]]:
     return rows
 
 
+def nodes_over_time(report: dict[str, Any]) -> str:
+    """A sized cluster's worker nodes over time (a step chart from the joins and departures)
+    and each node's span; empty for a run that did not size its cluster."""
+    nodes = report.get("nodes") or {}
+    events = nodes.get("events") or []
+    if not events:
+        return ""
+    xs, counts, held = [0.0], [0.0], 0
+    for e in events:
+        xs.append(float(e["seconds"]))
+        counts.append(float(held))
+        held += 1 if e["kind"] == "join" else -1
+        xs.append(float(e["seconds"]))
+        counts.append(float(held))
+    xs.append(max(float(report.get("wall_seconds", xs[-1])), xs[-1]))
+    counts.append(float(held))
+    spans = "".join(f"<tr><td>{_esc(p['node_id'][-12:])}</td><td>{_esc(p['joined'])} s</td>"
+                    f"<td>{_esc('' if p['left'] is None else p['left'])} s</td><td>{_esc(p['seconds'])}</td>"
+                    f"<td>{'yes' if p.get('added') else 'no'}</td></tr>" for p in nodes.get("per_node") or [])
+    return (f"<h2>Nodes</h2><p>{_esc(nodes.get('choice', ''))}</p>"
+            f"{lines('Worker nodes in use', xs, {'nodes': counts}, 'nodes')}"
+            "<table><tr><th>node</th><th>joined</th><th>left</th><th>node-seconds</th><th>added</th></tr>"
+            f"{spans}</table>")
+
+
 def render(report: dict[str, Any]) -> str:
     stages = [s["name"] for s in report.get("stages", [])]
     actual = [s.get("wall_seconds", 0.0) for s in report.get("stages", [])]
@@ -147,6 +172,7 @@ arrayjob {_esc(report.get('arrayjob_version', ''))}.</p>
 <table><tr><th>figure</th><th>estimate</th><th>actual</th><th>error</th></tr>{rows}</table>
 {bars("Wall time per stage", stages, {"estimate": predicted, "actual": actual}, "seconds")}
 {fault_section}
+{nodes_over_time(report)}
 <h2>Over time</h2>
 {lines("Object-store memory per node", xs, memory, "bytes", events)}
 {lines("Bytes moved between nodes", xs, network, "bytes", events)}

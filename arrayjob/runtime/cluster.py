@@ -19,6 +19,15 @@ from dataclasses import dataclass, field
 from arrayjob.errors import ClusterError, Terminated
 from arrayjob.planner.plan import ClusterShape
 from arrayjob.runtime import reaper
+from arrayjob.units import seconds
+
+
+def _is_duration(value: float | str) -> bool:
+    try:
+        seconds(value)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,17 @@ class ClusterOptions:
 
     address: str = field(default="local", metadata={"check": bool, "expect": "'local', 'auto' or a Ray address"})
     num_cpus: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
+    # Sizing by the plan (issue #16): the job asks the cluster's autoscaler for nodes between
+    # these; without max_nodes it plans on the nodes it finds and asks for none.
+    min_nodes: int = field(default=0, metadata={"check": lambda v: v >= 0, "expect": "an integer >= 0"})
+    max_nodes: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
+    node_type: str | None = field(default=None, metadata={"check": bool, "expect": "an instance type of the price table"})
+    scale_timeout: float | str = field(default=600.0, metadata={"check": _is_duration,
+                                                                "expect": "a duration like 90s, 10m or 1.5h"})
+
+    @property
+    def scale_timeout_seconds(self) -> float:
+        return seconds(self.scale_timeout)
 
 
 @dataclass(frozen=True)
@@ -38,7 +58,8 @@ class ClusterInfo:
     memory_per_node: int = 0  # the smallest node's memory for tasks, in bytes
 
 
-def _describe() -> ClusterInfo:
+def describe() -> ClusterInfo:
+    """The cluster as it is now: its alive nodes with CPUs, their CPUs and smallest memory."""
     import ray
 
     # Nodes without CPUs (a head that only schedules) cannot run block tasks: not placed on.
@@ -193,7 +214,7 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
     os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
     if ray.is_initialized():
         with _ray_failures(None):
-            yield _describe()
+            yield describe()
         return
     # A local instance is private to this job: no dashboard, no usage stats, no log spam.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -231,7 +252,7 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
                 _tell_session(watchdog)
                 watch = PrivateRayWatch(_private_processes(), before_exit=before_exit)
             with _ray_failures(watch):
-                info = _describe()
+                info = describe()
                 yield dataclasses.replace(info, started_here=True)
         finally:
             if watch is not None:

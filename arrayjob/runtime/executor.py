@@ -45,6 +45,10 @@ class Executor(Protocol):
     def release(self, name: str) -> None:
         """Forget the blocks kept under ``name``."""
 
+    def nodes_now(self) -> int | None:
+        """The nodes to plan the next program on, when the executor follows a cluster whose
+        nodes come and go (binding planner nodes to them); None: the plan's own count."""
+
 
 def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
     """Read one block of a source and check it; runs wherever the block is to live."""
@@ -70,6 +74,9 @@ class LocalExecutor:
         self.metrics = metrics or RunMetrics()
         self._blocks: dict[tuple[Source, tuple[int, ...]], np.ndarray] = {}
         self._kept: dict[str, list[Any]] = {}
+
+    def nodes_now(self) -> int | None:
+        return None  # one process: nothing comes or goes
 
     def _block(self, plan: PhysicalPlan, ref: SourceBlock) -> np.ndarray:
         source = plan.source(ref.array)

@@ -37,6 +37,67 @@ class Faults:
 
 
 @dataclass
+class NodeLog:
+    """Which worker nodes (Ray nodes with CPUs) the job used, from when to when: each node
+    from the first time the job saw it alive to when it left or the job released it."""
+
+    started: float = field(default_factory=time.perf_counter)
+    joined: dict[str, float] = field(default_factory=dict)  # node id -> seconds since the start
+    left: dict[str, float] = field(default_factory=dict)
+    present: set[str] = field(default_factory=set)  # alive before the job asked for any
+    events: list[dict[str, object]] = field(default_factory=list)  # {seconds, node, kind: join|leave|release}
+    most: int = 0
+    released: bool = False
+
+    def _now(self) -> float:
+        return round(time.perf_counter() - self.started, 3)
+
+    def start(self, alive: set[str]) -> None:
+        """The nodes alive when the job connected (not added for it)."""
+        self.present |= alive
+        self.observe(alive)
+
+    def observe(self, alive: set[str]) -> None:
+        """The worker nodes alive now: joins and departures since the last look."""
+        if self.released:
+            return
+        now = self._now()
+        for node in sorted(alive - self.joined.keys()):
+            self.joined[node] = now
+            self.events.append({"seconds": now, "node": node, "kind": "join"})
+        for node in sorted(set(self.joined) - alive - self.left.keys()):
+            self.left[node] = now
+            self.events.append({"seconds": now, "node": node, "kind": "leave"})
+        self.most = max(self.most, len(set(self.joined) - set(self.left)))
+
+    def release(self) -> None:
+        """The job is done with every node it still holds."""
+        if self.released:
+            return
+        now = self._now()
+        for node in sorted(set(self.joined) - set(self.left)):
+            self.left[node] = now
+            self.events.append({"seconds": now, "node": node, "kind": "release"})
+        self.released = True
+
+    @property
+    def added(self) -> list[str]:
+        """Nodes that joined after the job connected: started for it (or for another job then)."""
+        return [n for n in self.joined if n not in self.present]
+
+    def seconds(self, node: str) -> float:
+        return self.left.get(node, self._now()) - self.joined[node]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"count": self.most, "added": len(self.added),
+                "node_seconds": round(sum(self.seconds(n) for n in self.joined), 3),
+                "per_node": [{"node_id": n, "joined": self.joined[n], "left": self.left.get(n),
+                              "seconds": round(self.seconds(n), 3), "added": n not in self.present}
+                             for n in self.joined],
+                "events": list(self.events)}
+
+
+@dataclass
 class RunMetrics:
     """Counters for one job run. Stages are timed by the driver; tasks and bytes by the executor."""
 
@@ -58,6 +119,7 @@ class RunMetrics:
     timeline: list[dict[str, object]] = field(default_factory=list)
     faults: Faults = field(default_factory=Faults)
     started: float = field(default_factory=time.perf_counter)
+    nodes: NodeLog | None = None  # set when the run sizes its cluster: which nodes, when
     _current: Stage | None = None
 
     @contextmanager
@@ -113,6 +175,14 @@ class RunMetrics:
 
     def hold_block(self, node: str, nbytes: int) -> None:
         self.block_bytes_by_node[node] += nbytes
+
+    def count_moved(self, source: str, target: str, nbytes: int) -> None:
+        """A held block moved from node to node (its nodes changed): traffic, and where it lives."""
+        self.bytes_between_nodes += nbytes
+        self.network_out_by_node[source] += nbytes
+        self.network_in_by_node[target] += nbytes
+        self.hold_block(source, -nbytes)
+        self.hold_block(target, nbytes)
 
     def count_placement(self, *, moved: int, touched: int, tasks: dict[str, int], net_in: dict[str, int],
                         net_out: dict[str, int], peak: dict[str, int]) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,7 @@ from arrayjob.planner.physical import (
 )
 from arrayjob.runtime.executor import load_and_check
 from arrayjob.runtime.metrics import RunMetrics
+from arrayjob.runtime.scaling import worker_ids
 
 TASK_RETRIES = 3
 # Driver values up to this size go to the tasks by value, inside the task (Ray inlines
@@ -130,13 +131,27 @@ def _unwrap(exc: ray.exceptions.RayTaskError) -> BaseException:
     return cause if isinstance(cause, ArrayJobError) else exc
 
 
+@ray.remote(max_retries=TASK_RETRIES)
+def _copy(block: Any) -> Any:
+    """``block``, stored again where this task runs: a held block moved to its new node."""
+    return block
+
+
 class RayExecutor:
     def __init__(self, options: StorageOptions, node_ids: tuple[str, ...] = (),
-                 metrics: RunMetrics | None = None, *, measure: bool = True) -> None:
+                 metrics: RunMetrics | None = None, *, measure: bool = True, follow_nodes: bool = False,
+                 relocate: Callable[[int], str] = lambda nbytes: "move") -> None:
         self.options = options
         self.node_ids = node_ids
         self.metrics = metrics or RunMetrics()
         self.measure = measure
+        # a sized cluster: planner nodes are bound to the live worker nodes at each program,
+        # and a held block whose first use moved to another node goes there ("move", a copy
+        # from node to node) or is read again there ("read"), as ``relocate(bytes)`` says
+        self.follow_nodes = follow_nodes
+        self.relocate = relocate
+        self._relocating = False
+        self._relocated: set[BlockKey] = set()
         self._blocks: dict[BlockKey, ray.ObjectRef] = {}
         self._block_home: dict[BlockKey, tuple[str, int]] = {}  # node id and bytes, as read
         self._pending_stats: list[tuple[BlockKey, ray.ObjectRef]] = []
@@ -150,6 +165,7 @@ class RayExecutor:
         self._orphans: set[Any] = set()
         self._rebuilt: dict[Any, set[str]] = {}  # found again since the last replay: every node with a copy
         self._watched = 0.0
+        self._workers: set[str] = set(node_ids)
         if node_ids:
             self.check_nodes()
 
@@ -162,6 +178,41 @@ class RayExecutor:
             ids = list(self.node_ids)
             self._order = [driver, *(n for n in ids if n != driver)] if driver in ids or not ids else ids
         return self._order
+
+    def nodes_now(self) -> int | None:
+        """Bind planner nodes to the worker nodes alive now, keeping the order of those that
+        stay (their blocks' homes keep their indices) and adding those that joined after
+        them; a node gone is a lost node (``check_nodes``). None unless following nodes."""
+        if not self.follow_nodes:
+            return None
+        self.check_nodes()
+        live = self._workers
+        order = [n for n in self.node_order if n in live] + sorted(live - set(self.node_order))
+        if order and order != self.node_order:
+            self._order, self.node_ids = order, tuple(order)
+            self._relocating = True  # the next run's plan may put held blocks' first uses elsewhere
+        return len(self.node_order)
+
+    def _relocate(self, plan: PhysicalPlan, ref: SourceBlock, node: int | None) -> None:
+        """At the first run after the nodes changed: a held block first used on another node
+        than its home is moved there, or read again there, whichever ``relocate`` says."""
+        key = (plan.source(ref.array), ref.index)
+        if node is None or key in self._relocated or key not in self._block_home:
+            return
+        self._relocated.add(key)
+        target = self.node_order[node % len(self.node_order)]
+        home, nbytes = self._block_home[key]
+        if home == target or home in self._lost:
+            return
+        if self.relocate(nbytes) == "read":
+            del self._blocks[key]  # ``_block`` reads it on ``node`` now
+            self.metrics.hold_block(home, -nbytes)
+            return
+        strategy = NodeAffinitySchedulingStrategy(target, soft=True)
+        self._blocks[key] = _copy.options(scheduling_strategy=strategy, name="move block").remote(self._blocks[key])
+        self._block_home[key] = (target, nbytes)
+        self.metrics.count_moved(home, target, nbytes)
+        self.metrics.count_tasks(1)
 
     def _options(self, node: int | None, home: str | None = None) -> dict[str, Any]:
         """Where a task planned on ``node`` runs: there, or, if that node is lost, on ``home``
@@ -197,7 +248,11 @@ class RayExecutor:
         if now - self._watched < every:
             return
         self._watched = now
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        nodes = ray.nodes()
+        alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+        self._workers = worker_ids(nodes)
+        if self.metrics.nodes is not None:
+            self.metrics.nodes.observe(self._workers)
         lost = sorted(self._seen - alive - self._lost)
         self._seen |= alive
         for node in lost:
@@ -309,6 +364,8 @@ class RayExecutor:
             args = []
             for arg in task.args:
                 if isinstance(arg, SourceBlock):
+                    if self._relocating:
+                        self._relocate(plan, arg, task.node)
                     args.append(self._block(plan, arg, task.node))
                 elif isinstance(arg, TaskResult):
                     args.append(refs[arg.task][arg.output])
@@ -333,6 +390,8 @@ class RayExecutor:
                 if remaining[used] == 0 and used not in returned:
                     del refs[used]  # Ray frees it once this task has run
         self.metrics.count_tasks(len(plan.tasks))
+        self._relocating = False
+        self._relocated.clear()
         return [refs[o.task][o.output] for o in plan.outputs], records
 
     def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:

@@ -3,6 +3,7 @@ plans for the session's lifetime), execute, assemble."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +37,18 @@ class Session:
         # tests check a job's runs against its declared stages with it
         self.on_run = on_run
 
+    def _follow_nodes(self) -> None:
+        """Plan on the nodes there are now, if the executor follows them (a sized cluster):
+        placement over the new count, tiling as the inputs were read (``tiling_workers``)."""
+        live = self.executor.nodes_now()
+        cluster = self.options.cluster
+        if live is None or live == cluster.nodes:
+            return
+        self.options = dataclasses.replace(self.options, cluster=dataclasses.replace(cluster, nodes=live),
+                                           tiling_workers=self.options.workers_for_tiling)
+
     def plan(self, outputs: Mapping[str, BlockArray]) -> Plan:
+        self._follow_nodes()
         start = time.perf_counter()
         plan = self.planner.plan(capture(list(outputs.values())), self.options)
         self.planning_seconds.append(time.perf_counter() - start)

@@ -1,0 +1,79 @@
+"""Nodes that come and go between iterations of a sized run: a node added during the fit is
+planned on from the next program on; a node removed is survived (the node-loss machinery).
+
+On a local ``ray.cluster_utils.Cluster`` in its own process (``tests/nodes_change_run.py``):
+a process talks to one Ray at a time, and the cluster's processes are its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from sklearn.linear_model import LogisticRegression
+
+from tests.helpers import read_result
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.multinode
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("nodes-change")
+    cmd = [sys.executable, str(REPO / "tests" / "nodes_change_run.py"), str(root)]
+    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            _, stderr = proc.communicate(timeout=480)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and the cluster's raylets it started
+            proc.communicate()
+            pytest.fail("the nodes-change run did not finish in 8 minutes")
+    assert proc.returncode == 0, stderr[-3000:]
+    return root, json.loads((root / "outcome.json").read_text())
+
+
+def _matches_reference(root: Path, case: str) -> None:
+    X = zarr.open_array(str(root / "data" / "X.zarr"))[:]
+    y = zarr.open_array(str(root / "data" / "y.zarr"))[:]
+    reference = LogisticRegression(C=1 / (1e-4 * len(y)), tol=1e-12, max_iter=10_000).fit(X, y)
+    result = read_result(str(root / case))
+    np.testing.assert_allclose(result["coef"][:], reference.coef_[0], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.timeout(600)
+def test_a_node_added_mid_job_is_used_from_the_next_iteration(outcome):
+    root, cases = outcome
+    added = cases["added"]
+    assert added["exit"] == 0 and added["changed"], added["stderr"]
+    report = added["report"]
+    nodes = report["nodes"]
+    assert nodes["requested"] == 2 and nodes["count"] == 3 and nodes["added"] == 1
+    span = next(p for p in nodes["per_node"] if p["node_id"] == added["changed"])
+    assert span["added"] and span["joined"] > 0
+    # its kernel tasks: planned there from the program after it joined
+    per_node = dict(zip(report["cluster"]["node_ids"], report["tasks"]["per_node"], strict=True))
+    assert per_node[added["changed"]] > 0
+    assert report["network"]["bytes_between_nodes"] > 0  # blocks moved to it (or read there)
+    _matches_reference(root, "added")
+
+
+@pytest.mark.timeout(600)
+def test_a_node_removed_mid_job_is_survived(outcome):
+    root, cases = outcome
+    removed = cases["removed"]
+    assert removed["exit"] == 0 and removed["changed"], removed["stderr"]
+    report = removed["report"]
+    assert report["faults"]["nodes_lost"] == 1 and report["faults"]["lost_node_ids"] == [removed["changed"]]
+    kinds = {(e["node"], e["kind"]) for e in report["nodes"]["events"]}
+    assert (removed["changed"], "leave") in kinds
+    _matches_reference(root, "removed")

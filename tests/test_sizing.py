@@ -1,0 +1,134 @@
+"""The node count a job runs on, chosen from its estimate (``costing.sizing.choose_nodes``):
+memory-bound, efficiency-bound, deadline-bound, fixed; metadata only, no Ray."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import zarr
+
+from arrayjob import runner
+from arrayjob.costing.prices import Instance, load_prices
+from arrayjob.costing.profile import load_profile
+from arrayjob.costing.sizing import MIN_EFFICIENCY, choose_nodes, usable_bytes
+from arrayjob.errors import CapacityError, CostLimitError
+from arrayjob.spec import load_spec
+from tests.helpers import run_cli, write_spec
+
+# a node whose object store holds 1 GiB; the plan may fill 80 % of it
+SMALL = Instance("small", usd_per_hour=0.1, vcpus=4, memory_gib=4, object_store_gib=1.0)
+BIG = Instance("big", usd_per_hour=0.2, vcpus=4, memory_gib=16, object_store_gib=3.0)
+
+
+@pytest.fixture
+def big(workdir: Path) -> Path:
+    """Metadata only: logreg on X 5·10⁷ × 16 float64 (6.4 GB) in chunks of 10⁶ rows."""
+    for name, shape, chunks in (("X", (5 * 10**7, 16), (10**6, 16)), ("y", (5 * 10**7,), (10**6,))):
+        zarr.create_array(str(workdir / f"{name}.zarr"), shape=shape, chunks=chunks, dtype="f8")
+    return write_spec(workdir / "job.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out",
+                      params="max_iter = 20\n")
+
+
+def _choose(spec_path: Path, overrides: tuple[str, ...] = (), **kw):  # type: ignore[no-untyped-def]
+    spec = load_spec(spec_path, list(overrides))
+    job = runner.prepare(spec)
+    return choose_nodes(job, spec, instance=kw.pop("instance", SMALL), prices=load_prices(),
+                        profile=load_profile(), **kw)
+
+
+def test_memory_bound_is_the_smallest_count_whose_stores_hold_the_plan(big):
+    choice = _choose(big)
+    assert choice.rule == "memory" and choice.fits and choice.nodes == choice.needed
+    peaks = {p.nodes: p.peak_bytes for p in choice.priced}
+    assert peaks[choice.nodes] <= usable_bytes(SMALL) < peaks[choice.nodes - 1]  # one fewer does not fit
+    assert choice.nodes == 9  # 50 blocks of 136 MB: 8 nodes would hold 7 of them on one
+    assert choice.line.startswith("9 × small: the smallest count whose object stores hold its peak of ")
+    assert choice.line.endswith("no cluster.max_nodes, so no more")
+
+
+def test_min_nodes_is_a_floor(big):
+    choice = _choose(big, ("cluster.min_nodes=10",))
+    assert choice.nodes == 10 and "cluster.min_nodes" in choice.reason
+
+
+def test_efficiency_bound_raises_while_the_extra_nodes_pay(big):
+    choice = _choose(big, ("cluster.max_nodes=256",), instance=BIG)
+    assert choice.rule == "efficiency" and choice.nodes > choice.needed == 3
+    walls = {p.nodes: p.wall_seconds for p in choice.priced}
+    efficiency = {n: walls[choice.needed] * choice.needed / (w * n) for n, w in walls.items()}
+    assert efficiency[choice.nodes] >= MIN_EFFICIENCY
+    # the next count tried (a quarter more) does not pay for itself, and the line says so
+    after = min(n for n in walls if n > choice.nodes)
+    assert after == math.ceil(choice.nodes * 1.25) and efficiency[after] < MIN_EFFICIENCY
+    assert f"; {after} would finish " in choice.line and "the dollars" in choice.line
+    # without max_nodes the count is never raised; with it, never past it
+    assert _choose(big, instance=BIG).nodes == 3
+    capped = _choose(big, ("cluster.max_nodes=4",), instance=BIG)
+    assert capped.nodes == 4 and capped.line.endswith("cluster.max_nodes is 4")
+
+
+def test_deadline_bound_is_the_cheapest_count_that_meets_it(big):
+    base = _choose(big, ("cluster.max_nodes=64",))
+    walls = {p.nodes: p.wall_seconds for p in base.priced}
+    n = max(walls)  # a deadline just above what the largest count tried takes
+    deadline = walls[n] * 1.01
+    choice = _choose(big, ("cluster.max_nodes=64",), deadline=deadline)
+    assert choice.rule == "deadline" and choice.estimate.wall_seconds <= deadline
+    priced = {p.nodes: p for p in choice.priced}
+    assert priced[choice.nodes - 1].wall_seconds > deadline  # one fewer is too slow
+    assert all(p.dollars >= priced[choice.nodes].dollars for p in priced.values() if p.wall_seconds <= deadline)
+    assert "the cheapest count the estimate finishes within" in choice.line
+    # a deadline no count meets is exit 3, naming the fastest
+    with pytest.raises(CostLimitError, match="no node count up to 64 meets --deadline"):
+        _choose(big, ("cluster.max_nodes=64",), deadline=0.5)
+
+
+def test_max_nodes_too_small_names_the_count_needed(big):
+    with pytest.raises(CapacityError) as raised:
+        _choose(big, ("cluster.max_nodes=3",))
+    assert str(raised.value).startswith("the plan needs 9 × small to hold its peak of ")
+    assert str(raised.value).endswith("but cluster.max_nodes is 3")
+
+
+def test_fixed_count_says_when_it_does_not_fit(big):
+    choice = _choose(big, nodes=2)
+    assert (choice.nodes, choice.rule, choice.fits, choice.needed) == (2, "nodes", False, 9)
+    assert "fixed by --nodes; its plan needs" in choice.line and "9 nodes would hold it" in choice.line
+    with pytest.raises(CapacityError, match="--nodes 10 is above cluster.max_nodes"):
+        _choose(big, ("cluster.max_nodes=9",), nodes=10)
+
+
+def test_estimate_prints_the_choice(big, workdir, capsys):
+    prices = workdir / "prices.toml"
+    prices.write_text(load_prices().source and Path(load_prices().source).read_text()
+                      + '"small" = { usd_per_hour = 0.1, vcpus = 4, memory_gib = 4, object_store_gib = 1.0 }\n')
+    code, out, err = run_cli(["estimate", str(big), "--prices", str(prices), "--set", 'cluster.node_type="small"',
+                              "--set", "cluster.max_nodes=256"], capsys)
+    assert code == 0, err
+    assert " Nodes: 9 × small: the smallest count whose object stores hold its peak of 816.0 MB per node" in out
+    code, out, _ = run_cli(["estimate", str(big), "--prices", str(prices), "--instance-type", "small",
+                            "--nodes", "9", "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["nodes"]["count"] == 9 and doc["choice"]["rule"] == "nodes"
+    code, _, err = run_cli(["estimate", str(big), "--prices", str(prices), "--instance-type", "small",
+                            "--set", "cluster.max_nodes=2"], capsys)
+    assert code == 7 and err.count("\n") == 1 and "needs 9 × small" in err
+
+
+def test_spec_keys_are_checked(big, capsys):
+    code, _, err = run_cli(["estimate", str(big), "--set", "cluster.min_nodes=5", "--set", "cluster.max_nodes=4"],
+                           capsys)
+    assert code == 2 and "cluster.min_nodes: expected at most cluster.max_nodes (4), got 5" in err
+    code, _, err = run_cli(["estimate", str(big), "--set", 'cluster.scale_timeout="soon"'], capsys)
+    assert code == 2 and "cluster.scale_timeout: expected a duration like 90s, 10m or 1.5h" in err
+    assert load_spec(big, ['cluster.scale_timeout="2m"']).cluster.scale_timeout_seconds == 120
+
+
+def test_a_local_ray_cannot_be_sized(big, workdir, capsys):
+    for args in (["--nodes", "2"], ["--deadline", "5m"], ["--set", "cluster.max_nodes=4"]):
+        code, out, err = run_cli(["run", str(big), *args], capsys)
+        assert code == 2 and out == "" and "sizing the cluster needs a Ray with an autoscaler" in err, err
+    assert not (workdir / "out").exists()
