@@ -168,7 +168,7 @@ def _refuse(physical: PhysicalPlan, block: SourceBlock, nbytes: int, room: int, 
                        f"({nbytes:,} bytes), more than {what} on a node, even streamed; {hint}")
 
 
-def _order(physical: PhysicalPlan, streamed: frozenset[SourceBlock], nodes: int, depth: int) -> tuple[int, ...]:
+def task_order(physical: PhysicalPlan, streamed: frozenset[SourceBlock], nodes: int, depth: int) -> tuple[int, ...]:
     """Submission order: per node, tasks that read a streamed block spread among those that
     only use resident ones, ``depth`` ahead, so a block is being read while others compute.
     Tasks that read stored blocks depend on nothing: they go first, the rest keep their order."""
@@ -239,5 +239,5 @@ def plan_residency(physical: PhysicalPlan, nodes: int, budget: int, *, repeats: 
         rates.spill_bytes_per_s > rates.bucket_bytes_per_s else "bucket"
     depth = max(1, workers_per_node - 1)
     return Residency(budget=budget, resident=frozenset(resident), streamed=streamed, source=source,
-                     order=_order(physical, streamed, nodes, depth), prefetch_depth=depth,
+                     order=task_order(physical, streamed, nodes, depth), prefetch_depth=depth,
                      block_bytes=sizes, intermediate_peak=peaks, repeats=repeats)
