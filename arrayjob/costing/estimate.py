@@ -27,7 +27,13 @@ from arrayjob.planner.physical import PhysicalPlan, SourceBlock
 from arrayjob.planner.pipeline import make_plan
 from arrayjob.planner.placement import placed_tree_tasks
 from arrayjob.planner.plan import ClusterShape, PlanOptions
-from arrayjob.planner.residency import Residency, StreamRates, intermediate_peak, plan_residency
+from arrayjob.planner.residency import (
+    Residency,
+    StreamRates,
+    demotions,
+    intermediate_peak,
+    plan_residency,
+)
 from arrayjob.units import size
 
 STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
@@ -258,9 +264,11 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     budget = budget_bytes(spec, instance, store_bytes)
     rates = rates or stream_rates(profile)
     residencies: list[Residency] = []
-    resident: dict[tuple[str, SourceBlock], int] = {}  # kept in the store: (URI, block) -> node
+    # kept in the store: (URI, block) -> (node, bytes), in the order admitted
+    resident: dict[tuple[str, SourceBlock], tuple[int, int]] = {}
     resident_bytes = [0] * nodes
-    streamed: dict[tuple[str, SourceBlock], tuple[int, int, int]] = {}  # -> (node, bytes, GETs)
+    demoted: set[tuple[str, SourceBlock]] = set()  # resident until a later program needed the room
+    spill_node = [0] * nodes
     source_of_stream = "bucket"
     read_before: set[tuple[str, SourceBlock]] = set()
     for p in declared.passes:
@@ -281,15 +289,23 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         block_homes = _block_homes(physical, nodes)
         key = {b: (physical.source(b.array).array.uri, b) for b in block_homes}
         if residency is not None:
-            for b in residency.resident:
+            for b in sorted(residency.resident, key=lambda b: (b.array, b.index)):
                 if key[b] not in resident:
-                    resident[key[b]] = block_homes[b]
+                    resident[key[b]] = (block_homes[b], residency.block_bytes[b])
                     resident_bytes[block_homes[b]] += residency.block_bytes[b]
-        uses = [b for b in block_homes if key[b] not in resident]  # read by their tasks, each run
-        if residency is not None and not residency.streams:
-            uses = []
-        for b in uses:
-            streamed.setdefault(key[b], (block_homes[b], _block_bytes(physical, b), _block_requests(physical, b)))
+        elif resident:  # a later program: resident blocks make room for its intermediates (Session)
+            dropped = demotions([(k, n, nb) for k, (n, nb) in resident.items()], budget,
+                                intermediate_peak(physical, nodes))
+            for k in dropped:
+                node, nbytes = resident.pop(k)  # type: ignore[call-overload]
+                resident_bytes[node] -= nbytes
+                read_before.add(k)  # type: ignore[arg-type]
+                demoted.add(k)  # type: ignore[arg-type]  # the runtime reads these from storage
+        # every task reads the streamed blocks it uses, each run
+        uses = Counter(b for t in physical.tasks for b in dict.fromkeys(t.args)
+                       if isinstance(b, SourceBlock) and key[b] not in resident)
+        if residency is not None and not residency.streams and not read_before:
+            uses.clear()  # everything fits: read once in load, as before
         if fresh:  # stored blocks are read once, by one task each, then kept for the job
             kept = [(block_homes[b], _block_bytes(physical, b)) for b in block_homes if key[b] in resident]
             seconds["load"] += _read_seconds(kept, profile, cluster)
@@ -301,36 +317,37 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
             sources_seen.update(s.array.uri for s in fresh)
         run_seconds = _compute_seconds(cost, profile, cluster)
         if uses:
-            # each run reads its streamed blocks, overlapped with the resident ones' compute
-            per_node = [0] * nodes
-            for b in uses:
-                per_node[block_homes[b]] += streamed[key[b]][1]
-            first = [b for b in uses if key[b] not in read_before]
-            later_runs = runs - 1 if first else runs
-            for b in first:
-                read_before.add(key[b])
-                stage.bytes_read += streamed[key[b]][1]
-                stage.get_requests += streamed[key[b]][2]
-            again = sum(streamed[key[b]][1] for b in uses)
-            again_requests = sum(streamed[key[b]][2] for b in uses)
-            rate = profile.storage_read_bytes_per_s
-            if source_of_stream == "spill":
-                stage.spill_bytes_read += later_runs * again
-                rate = profile.spill_read_bytes_per_s
-            else:
-                stage.bytes_read += later_runs * again
-                stage.get_requests += later_runs * again_requests
-                stage.bytes_reread += later_runs * again
-                stage.reread_requests += later_runs * again_requests
-            read_seconds = max(per_node) / rate
-            first_seconds = max(per_node) / profile.storage_read_bytes_per_s
-            seconds[p.stage] += (max(run_seconds, first_seconds) if first else 0.0) + \
-                later_runs * max(run_seconds, read_seconds) + runs * profile.run_overhead_seconds
+            # each run reads its streamed blocks, overlapped with the resident ones' compute:
+            # a block's first read from storage, then (from the spill, if planned) again at each use
+            first_node, again_node = [0] * nodes, [0] * nodes
+            for b, count in uses.items():
+                nbytes, requests = _block_bytes(physical, b), _block_requests(physical, b)
+                reads = runs * count
+                if key[b] not in read_before:
+                    read_before.add(key[b])
+                    stage.bytes_read += nbytes
+                    stage.get_requests += requests
+                    first_node[block_homes[b]] += nbytes
+                    reads -= 1
+                again_node[block_homes[b]] += nbytes * reads
+                if source_of_stream == "spill" and key[b] not in demoted:
+                    stage.spill_bytes_read += reads * nbytes
+                    spill_node[block_homes[b]] += reads * nbytes
+                else:
+                    stage.bytes_read += reads * nbytes
+                    stage.get_requests += reads * requests
+                    stage.bytes_reread += reads * nbytes
+                    stage.reread_requests += reads * requests
+            spilled = sum(spill_node)
+            rate = profile.spill_read_bytes_per_s if spilled else profile.storage_read_bytes_per_s
+            read_seconds = max(first_node) / profile.storage_read_bytes_per_s + max(again_node) / rate
+            seconds[p.stage] += max(runs * run_seconds, read_seconds) + runs * profile.run_overhead_seconds
+            spill_node = [0] * nodes
             peak = [i + r for i, r in zip(intermediate_peak(physical, nodes), resident_bytes, strict=True)]
         else:
             seconds[p.stage] += runs * (run_seconds + profile.run_overhead_seconds)
             peak = list(cost.peak_bytes_per_node)
-            if streamed or residencies and residencies[-1].streams:
+            if read_before or residencies and residencies[-1].streams:
                 peak = [i + r for i, r in zip(intermediate_peak(physical, nodes), resident_bytes, strict=True)]
         if stage is not load:
             stage.runs += runs

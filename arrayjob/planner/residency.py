@@ -139,12 +139,43 @@ def _homes(physical: PhysicalPlan, nodes: int) -> dict[SourceBlock, int]:
     return homes
 
 
-def intermediate_peak(physical: PhysicalPlan, nodes: int) -> tuple[int, ...]:
-    """Per node, the most bytes of task results and driver values held at once (no input blocks)."""
+def eager_order(physical: PhysicalPlan, leaves: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Tasks in an order where each runs as soon as its inputs have: after each task that
+    reads stored blocks (in the order ``leaves``, default the plan's), every task it makes
+    ready, depth first. A block's results are consumed (a row block of Q written, a partial
+    sum combined) before the next block is read, so intermediates are freed early."""
+    tasks = physical.tasks
+    index = {t.id: i for i, t in enumerate(tasks)}
+    waiting = [len({a.task for a in t.args if isinstance(a, TaskResult)}) for t in tasks]
+    consumers: dict[int, list[int]] = {}
+    for i, t in enumerate(tasks):
+        for dep in {a.task for a in t.args if isinstance(a, TaskResult)}:
+            consumers.setdefault(index[dep], []).append(i)
+    if leaves is None:
+        leaves = [i for i, n in enumerate(waiting) if n == 0]
+    order: list[int] = []
+    for leaf in leaves:
+        stack = [leaf]
+        while stack:
+            i = stack.pop()
+            order.append(i)
+            ready = []
+            for c in consumers.get(i, ()):
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    ready.append(c)
+            stack.extend(sorted(ready, reverse=True))
+    return tuple(order)
+
+
+def intermediate_peak(physical: PhysicalPlan, nodes: int, order: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Per node, the most bytes of task results and driver values held at once (no input
+    blocks), the tasks run in ``order`` (default ``eager_order``, as a budget runs them)."""
     load = ClusterLoad(physical, nodes)
     for block, node in _homes(physical, nodes).items():
         load.hold(block, node, 0)
-    for i, task in enumerate(physical.tasks):
+    for i in order if order is not None else eager_order(physical):
+        task = physical.tasks[i]
         load.run(task, (task.node if task.node is not None else i) % nodes)
     return tuple(load.peak)
 
@@ -171,9 +202,8 @@ def _refuse(physical: PhysicalPlan, block: SourceBlock, nbytes: int, room: int, 
 def task_order(physical: PhysicalPlan, streamed: frozenset[SourceBlock], nodes: int, depth: int) -> tuple[int, ...]:
     """Submission order: per node, tasks that read a streamed block spread among those that
     only use resident ones, ``depth`` ahead, so a block is being read while others compute.
-    Tasks that read stored blocks depend on nothing: they go first, the rest keep their order."""
+    Each task that reads blocks is followed by the tasks it makes ready (``eager_order``)."""
     leaves = [i for i, t in enumerate(physical.tasks) if not any(isinstance(a, TaskResult) for a in t.args)]
-    rest = [i for i, t in enumerate(physical.tasks) if any(isinstance(a, TaskResult) for a in t.args)]
     if not streamed:
         return tuple(range(len(physical.tasks)))
     by_node: dict[int, tuple[list[int], list[int]]] = {}
@@ -199,7 +229,24 @@ def task_order(physical: PhysicalPlan, streamed: frozenset[SourceBlock], nodes: 
         lanes.append(lane)
     longest = max(len(lane) for lane in lanes)
     ordered = [lane[k] for k in range(longest) for lane in lanes if k < len(lane)]  # nodes' lanes interleaved
-    return (*ordered, *rest)
+    return eager_order(physical, ordered)
+
+
+def demotions(resident: Sequence[tuple[object, int, int]], budget: int, peaks: Sequence[int]) -> list[object]:
+    """Resident blocks ``(key, node, bytes)``, in the order they were admitted, to stream from
+    now on so that a program whose intermediates peak at ``peaks`` per node fits the budget
+    beside the rest: the last admitted first (a later program's outputs, e.g. labels kept
+    until the driver has them, can need more room than the iteration's)."""
+    held = [0] * len(peaks)
+    for _, node, nbytes in resident:
+        held[node % len(peaks)] += nbytes
+    out = []
+    for key, node, nbytes in reversed(resident):
+        node %= len(peaks)
+        if held[node] + peaks[node] > budget:
+            out.append(key)
+            held[node] -= nbytes
+    return out
 
 
 def plan_residency(physical: PhysicalPlan, nodes: int, budget: int, *, repeats: int = 1,

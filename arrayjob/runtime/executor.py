@@ -39,6 +39,9 @@ class Executor(Protocol):
         """Run ``plan`` with the driver values, submitting its tasks in ``order`` if given;
         returns the results named by ``plan.outputs``."""
 
+    def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
+        """Stream these resident blocks (array URI, block) from now on: drop them from memory."""
+
     def close(self) -> None:
         """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
 
@@ -103,6 +106,13 @@ class LocalExecutor:
                     if ref not in residency.resident:
                         continue
                 self._block(plan, ref)
+
+    def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
+        self._streaming = True
+        for source, index in list(self._blocks):
+            if (source.array.uri, SourceBlock(source.array.name, index)) in blocks:
+                del self._blocks[(source, index)]
+                self._read_once.add((source, index))
 
     def close(self) -> None:
         pass

@@ -373,6 +373,18 @@ class RayExecutor:
             return None
         return StreamedRead(source, ref.index, self._stream.setdefault(key, None))
 
+    def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
+        """Stream these resident blocks (array URI, block) from now on: their refs are dropped
+        (Ray frees them), their tasks read them (from storage: they were read once already)."""
+        self._streaming = True
+        for key in [k for k in self._blocks if (k[0].array.uri, SourceBlock(k[0].array.name, k[1])) in blocks]:
+            del self._blocks[key]
+            node, nbytes = self._block_home.pop(key, (None, 0))
+            if node is not None:
+                self.metrics.block_bytes_by_node[node] -= nbytes
+            self._stream[key] = None
+            self._read_once.add(key)
+
     def close(self) -> None:
         """Remove this executor's spill of streamed blocks, on every node."""
         if not any(self._stream.values()):
@@ -456,7 +468,7 @@ class RayExecutor:
         if self._pending_stats:
             self._collect_stats()
         if self.measure:
-            self._measure(plan, values, self._get(records))
+            self._measure(plan, values, self._get(records), order)
         elif records:  # streaming tasks report their reads even unmeasured
             for record in self._get(records):
                 self._count_reads(plan, record[4])
@@ -502,8 +514,10 @@ class RayExecutor:
             self._kept_home.pop(ref, None)
 
     def _measure(self, plan: PhysicalPlan, values: Mapping[str, Any],
-                 records: list[tuple[Any, ...]]) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """Replay the run as it happened: bytes moved between nodes, per-node load.
+                 records: list[tuple[Any, ...]], submitted: tuple[int, ...] | None = None,
+                 ) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Replay the run as it happened (tasks in the order ``submitted``): bytes moved between
+        nodes, per-node load.
 
         Returns where each task ran and the bytes of each of its results.
         """
@@ -548,7 +562,8 @@ class RayExecutor:
             if key in used:
                 load.copies[used[key]] |= {node_index(n) for n in nodes}
         touched = 0
-        for task, node, record in zip(plan.tasks, task_nodes, records, strict=True):
+        for position in submitted if submitted is not None else range(len(plan.tasks)):
+            task, node, record = plan.tasks[position], task_nodes[position], records[position]
             _, out_bytes, in_bytes = record[:3]
             if len(record) > 4:  # a streaming task: its own reads live in the worker, not the store
                 self._count_reads(plan, record[4])

@@ -17,7 +17,14 @@ from arrayjob.planner.ops import Cached, Value
 from arrayjob.planner.physical import PhysicalPlan, SourceBlock
 from arrayjob.planner.pipeline import Planner
 from arrayjob.planner.plan import Plan, PlanOptions
-from arrayjob.planner.residency import Residency, StreamRates, plan_residency, task_order
+from arrayjob.planner.residency import (
+    Residency,
+    StreamRates,
+    demotions,
+    intermediate_peak,
+    plan_residency,
+    task_order,
+)
 from arrayjob.runtime.executor import Executor
 
 if TYPE_CHECKING:
@@ -58,7 +65,8 @@ class Session:
         self.on_run = on_run
         self.budget = budget
         self.residencies: list[Residency] = []  # one per load, in order
-        self._resident: set[tuple[str, SourceBlock]] = set()  # (array URI, block) kept in the store
+        # (array URI, block) kept in the store -> (node, bytes), in the order admitted
+        self._resident: dict[tuple[str, SourceBlock], tuple[int, int]] = {}
         self._streamed: set[tuple[str, SourceBlock]] = set()
         self._resident_bytes = [0] * max(1, self.options.cluster.nodes)
         self._orders: dict[int, tuple[PhysicalPlan, tuple[int, ...] | None]] = {}
@@ -77,8 +85,24 @@ class Session:
     def _key(self, physical: PhysicalPlan, block: SourceBlock) -> tuple[str, SourceBlock]:
         return physical.source(block.array).array.uri, block
 
+    def _make_room(self, physical: PhysicalPlan) -> None:
+        """Stream resident blocks from now on where this program's intermediates would not
+        fit beside them (``planner.residency.demotions``)."""
+        if self.budget is None or not self._resident:
+            return
+        peaks = intermediate_peak(physical, len(self._resident_bytes))
+        dropped = demotions([(k, n, b) for k, (n, b) in self._resident.items()], self.budget.bytes, peaks)
+        for key in dropped:
+            node, nbytes = self._resident.pop(key)  # type: ignore[call-overload]
+            self._resident_bytes[node] -= nbytes
+            self._streamed.add(key)  # type: ignore[arg-type]
+        if dropped:
+            self._orders.clear()
+            self.executor.demote(set(dropped))  # type: ignore[arg-type]
+
     def _order(self, physical: PhysicalPlan) -> tuple[int, ...] | None:
         """The submission order of a program over blocks some of which are streamed."""
+        self._make_room(physical)
         if not self._streamed:
             return None
         cached = self._orders.get(id(physical))
@@ -114,9 +138,9 @@ class Session:
         nodes = len(self._resident_bytes)
         homes = {a: (t.node if t.node is not None else i) % nodes
                  for i, t in enumerate(physical.tasks) for a in t.args if isinstance(a, SourceBlock)}
-        for block in residency.resident:
+        for block in sorted(residency.resident, key=lambda b: (b.array, b.index)):
             if self._key(physical, block) not in self._resident:
-                self._resident.add(self._key(physical, block))
+                self._resident[self._key(physical, block)] = (homes[block], residency.block_bytes[block])
                 self._resident_bytes[homes[block]] += residency.block_bytes[block]
         self._streamed |= {self._key(physical, b) for b in residency.streamed}
         # everything fits: the plan runs as it always did
@@ -137,6 +161,7 @@ class Session:
         if self.on_run:
             self.on_run("persist", plan.graph)
         values = {**bound_values(list(outputs.values())), **(values or {})}
+        self._make_room(plan.physical)
         self.executor.keep(plan.physical, self._bind(plan, values), handle)
         kept: dict[str, BlockArray] = {}
         position = 0
