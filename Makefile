@@ -49,6 +49,8 @@ BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench
 	$(BIN)/python benchmarks/bench.py --size $(BENCH_SIZE) --json .arrayjob/bench/bench-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/bench-$(BENCH_SIZE).md $(BENCH_ARGS)
+	$(BIN)/python benchmarks/outofcore.py --size $(BENCH_SIZE) --json .arrayjob/bench/outofcore-$(BENCH_SIZE).json \
+		--markdown .arrayjob/bench/outofcore-$(BENCH_SIZE).md
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

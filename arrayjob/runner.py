@@ -12,9 +12,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrayjob.costing.estimate import Estimate, estimate_job
+from arrayjob.costing.estimate import Estimate, estimate_job, stream_rates
 from arrayjob.costing.prices import load_prices
-from arrayjob.costing.profile import load_profile
+from arrayjob.costing.profile import MachineProfile, load_profile
 from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
@@ -25,12 +25,13 @@ from arrayjob.io.output import JobOutput
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import Job, JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions
+from arrayjob.planner.residency import Residency
 from arrayjob.report import html as report_html
 from arrayjob.report.build import build_report
-from arrayjob.runtime.cluster import cluster_shape, ray_cluster
+from arrayjob.runtime.cluster import ClusterInfo, cluster_shape, ray_cluster
 from arrayjob.runtime.metrics import NodeLog, RunMetrics
 from arrayjob.runtime.scaling import NodeRequest, requested_nodes
-from arrayjob.runtime.session import Session
+from arrayjob.runtime.session import MemoryBudget, Session
 from arrayjob.spec import JobSpec
 
 
@@ -72,6 +73,20 @@ def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
 def plan_options(spec: JobSpec, cluster: ClusterShape) -> PlanOptions:
     p = spec.planner
     return PlanOptions(tiling=p.tiling, fusion=p.fusion, placement=p.placement, cluster=cluster)
+
+
+def memory_budget(spec: JobSpec, job: Job, cluster: ClusterInfo, profile: MachineProfile) -> MemoryBudget:
+    """The session's block cache: ``[cluster] memory_budget`` of the smallest node's object
+    store, for the job's iterations, with the calibrated rates of storage and the local spill."""
+    store = cluster.object_store_per_node
+    return MemoryBudget(spec.cluster.budget_bytes(store) if store else 2**62, job.iterations_assumed()[0],
+                        stream_rates(profile))
+
+
+def resident_fraction(residencies: list[Residency]) -> float:
+    """Of the input bytes the job's loads planned, the fraction kept in the object store."""
+    total = sum(r.input_bytes for r in residencies)
+    return sum(r.resident_bytes for r in residencies) / total if total else 1.0
 
 
 def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
@@ -172,15 +187,21 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
                         requested_nodes(node_request(choice, spec), metrics.nodes, notify))
             from arrayjob.runtime.ray_executor import RayExecutor
 
+            profile = load_profile()
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
-                                     profile=load_profile()).as_dict()
+                                     profile=profile, store_bytes=cluster.object_store_per_node).as_dict()
             # a sized cluster's nodes may come and go: each program is planned on those alive then
             executor = RayExecutor(spec.storage, cluster.node_ids, metrics, follow_nodes=scaling,
-                                   relocate=relocation(load_profile()))
-            session = Session(executor, plan_options(spec, cluster_shape(cluster)))
+                                   relocate=relocation(profile))
+            stack.callback(executor.close)  # its spill of streamed blocks, if any
+            budget = memory_budget(spec, job, cluster, profile)
+            session = Session(executor, plan_options(spec, cluster_shape(cluster)), budget=budget)
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
             result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints))
             metrics.count_storage(group.counters)
+            metrics.streaming.budget_bytes = budget.bytes
+            metrics.streaming.resident_fraction = resident_fraction(session.residencies)
+            metrics.streaming.source = next((r.source for r in session.residencies if r.streams), None)
 
             with metrics.stage("write"):
                 written = StorageCounters()

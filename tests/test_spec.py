@@ -84,7 +84,16 @@ MALFORMED = [
      "{spec}: not valid TOML: Exceeds the limit (4300 digits) for integer string conversion: value has 5001 digits; "
      "use sys.set_int_max_str_digits() to increase the limit"),
     ("cluster typo", GOOD + '\n[cluster]\nadress = "auto"\n', [],
-     "cluster.adress: unknown key (expected one of: address, num_cpus, min_nodes, max_nodes, node_type, scale_timeout)"),
+     "cluster.adress: unknown key (expected one of: address, num_cpus, min_nodes, max_nodes, node_type, scale_timeout, "
+     "memory_budget, object_store_memory)"),
+    ("a budget that is no size", GOOD, ["--set", "cluster.memory_budget=lots"],
+     'cluster.memory_budget: expected a size such as "600MB", or a fraction of the object store (0.5 or "50%"), '
+     "got 'lots'"),
+    ("a budget fraction over 1", GOOD, ["--set", "cluster.memory_budget=1.5"],
+     'cluster.memory_budget: expected a size such as "600MB", or a fraction of the object store (0.5 or "50%"), '
+     "got 1.5"),
+    ("an object store of no size", GOOD, ["--set", "cluster.object_store_memory=-1"],
+     'cluster.object_store_memory: expected a size such as "600MB" or a number of bytes, got -1'),
     ("missing array", GOOD.replace("data/X.zarr", "nodata/X.zarr"), [],
      "inputs.X: no Zarr array at {cwd}/nodata/X.zarr (demo data: arrayjob datagen logreg {cwd}/nodata)"),
     ("a group, not an array", GOOD.replace('X = "data/X.zarr"', 'X = "grp.zarr"'), [],
@@ -145,6 +154,18 @@ def test_digest_ignores_where_it_runs(data):
     b = load_spec(spec, ["cluster.address=auto"])
     c = load_spec(spec, ["params.l2=0.5"])
     assert a.digest() == b.digest() != c.digest()
+
+
+def test_memory_budget_and_object_store(data):
+    spec = _spec(data, GOOD)
+    assert load_spec(spec).cluster.budget_bytes(10**9) == 800_000_000  # 80 % of the store by default
+    budgets = {"600MB": 600_000_000, '"1.5 GiB"': 1_610_612_736, "0.4": 400_000_000, '"40%"': 400_000_000,
+               "123456": 123_456}
+    for text, expected in budgets.items():
+        assert load_spec(spec, [f"cluster.memory_budget={text}"]).cluster.budget_bytes(10**9) == expected
+    cluster = load_spec(spec, ["cluster.object_store_memory=600MB"]).cluster
+    assert cluster.store_bytes == 600_000_000 and cluster.budget_bytes(cluster.store_bytes) == 480_000_000
+    assert load_spec(spec).digest() == load_spec(spec, ["cluster.memory_budget=0.4"]).digest()
 
 
 @pytest.mark.parametrize("command", ["run", "plan", "estimate"])

@@ -22,7 +22,7 @@ import numpy as np
 
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.backend import backend_for
-from arrayjob.io.locations import Location, StorageOptions
+from arrayjob.io.locations import ArrayInfo, Location, StorageOptions
 
 OBJECT_BYTES = 16 * 2**20  # one chunk of the calibration array
 LOAD_BLOCKS = 32  # 512 MiB read and written by the workers
@@ -169,10 +169,11 @@ def graph_rates() -> dict[str, float]:
             "sparse_product_per_s": product_rate(2**19), "sparse_product_large_per_s": product_rate(2**22)}
 
 
-def block_rates(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...]) -> tuple[float, float]:
-    """(read, write) bytes per second of the workers of all nodes together moving a Zarr
-    array of ``bucket`` into the object store and back out, as a job's load stage and its
-    worker-written outputs (``lazy.store``) do: one task per chunk-aligned block."""
+def block_rates(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...]) -> tuple[float, float, float]:
+    """(read, write, spill read) bytes per second of the workers of all nodes together moving
+    a Zarr array of ``bucket`` into the object store and back out, as a job's load stage and
+    its worker-written outputs (``lazy.store``) do: one task per chunk-aligned block; and
+    reading blocks back from their own spill, as a job streams them under a memory budget."""
     from arrayjob import lazy as la
     from arrayjob.io.arrays import create_array, open_array_info
     from arrayjob.planner.plan import ClusterShape, PlanOptions
@@ -203,7 +204,8 @@ def block_rates(bucket: Location, options: StorageOptions, node_ids: tuple[str, 
             writes.append(time.perf_counter() - start)
             del session
         nbytes = rows * cols * 8
-        return nbytes / statistics.median(reads), nbytes / statistics.median(writes)
+        return nbytes / statistics.median(reads), nbytes / statistics.median(writes), \
+            spill_rate(info, options, node_ids, nbytes)
     finally:
         backend_for(location, options).delete()
 
@@ -331,15 +333,43 @@ def run_overhead(node_ids: tuple[str, ...], options: StorageOptions) -> float:
     return _median_seconds(lambda: session.compute(program, values), repeats=20)
 
 
+def spill_rate(info: ArrayInfo, options: StorageOptions, node_ids: tuple[str, ...], nbytes: int) -> float:
+    """Bytes per second of the workers reading blocks back from their node's spill: a session
+    whose budget holds half the array streams the rest, the first pass writing the spill."""
+    from arrayjob import lazy as la
+    from arrayjob.planner.plan import ClusterShape, PlanOptions
+    from arrayjob.planner.residency import StreamRates
+    from arrayjob.runtime.ray_executor import RayExecutor
+    from arrayjob.runtime.session import MemoryBudget, Session
+
+    executor = RayExecutor(options, node_ids)
+    rates = StreamRates(bucket_bytes_per_s=1.0, spill_bytes_per_s=2.0, spill_capacity=2**62)
+    session = Session(executor, PlanOptions(cluster=ClusterShape(nodes=max(1, len(node_ids)))),
+                      budget=MemoryBudget(nbytes // 2 + 2**20, repeats=5, rates=rates))
+    try:
+        program = {"s": la.from_zarr(info).sum()}
+        session.load(program)
+        session.compute(program)  # the first reads write the spill
+        streamed = sum(r.streamed_bytes for r in session.residencies) or 1
+        seconds = []
+        for _ in range(3):
+            start = time.perf_counter()
+            session.compute(program)
+            seconds.append(time.perf_counter() - start)
+        return streamed / statistics.median(seconds)
+    finally:
+        executor.close()
+
+
 def calibrate(bucket: Location, options: StorageOptions, node_ids: tuple[str, ...], cpus: int,
               startup: float, shutdown: float) -> MachineProfile:
     """Everything but Ray's start and stop times, which the caller measures around its cluster."""
     latency = request_seconds(bucket, options)
     compute, overhead, network, warmup = ray_rates(node_ids, cpus)
-    read, write = (rate / max(1, len(node_ids)) for rate in block_rates(bucket, options, node_ids))  # per node
+    read, write, spill = (rate / max(1, len(node_ids)) for rate in block_rates(bucket, options, node_ids))  # per node
     return MachineProfile(
         name=f"measured ({len(node_ids)} node(s), {cpus} CPUs)", **compute, storage_read_bytes_per_s=read,
-        storage_write_bytes_per_s=write, request_seconds=latency, task_overhead_seconds=overhead,
+        storage_write_bytes_per_s=write, spill_read_bytes_per_s=spill, request_seconds=latency, task_overhead_seconds=overhead,
         network_bytes_per_s=network, startup_seconds=startup, shutdown_seconds=shutdown, warmup_seconds=warmup,
         run_overhead_seconds=run_overhead(node_ids, options),
         measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), bucket=str(bucket),

@@ -9,6 +9,8 @@ and requests at the price table's rates. Nothing here reads data.
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,10 +23,17 @@ from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, physical_cost
-from arrayjob.planner.physical import SourceBlock
+from arrayjob.planner.physical import PhysicalPlan, SourceBlock
 from arrayjob.planner.pipeline import make_plan
 from arrayjob.planner.placement import placed_tree_tasks
 from arrayjob.planner.plan import ClusterShape, PlanOptions
+from arrayjob.planner.residency import (
+    Residency,
+    StreamRates,
+    demotions,
+    intermediate_peak,
+    plan_residency,
+)
 from arrayjob.units import size
 
 STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
@@ -45,12 +54,16 @@ class StageEstimate:
     tasks: int = 0
     peak_bytes_per_node: list[int] = field(default_factory=list)
     wall_seconds: float = 0.0
+    bytes_reread: int = 0  # streamed blocks read from storage again (in bytes_read too)
+    reread_requests: int = 0
+    spill_bytes_read: int = 0  # streamed blocks read back from the nodes' spill
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "runs": self.runs, "wall_seconds": round(self.wall_seconds, 4),
             "storage.bytes_read": self.bytes_read, "storage.get_requests": self.get_requests,
             "storage.bytes_written": self.bytes_written, "storage.put_requests": self.put_requests,
+            "storage.bytes_reread": self.bytes_reread, "memory.spill_bytes_read": self.spill_bytes_read,
             "network.bytes_between_nodes": self.bytes_between_nodes, "memory.bytes_touched": self.bytes_touched,
             "flops": self.flops, "work": {k: float(v) for k, v in sorted(self.work.items())},
             "tasks.count": self.tasks,
@@ -68,6 +81,8 @@ class Estimate:
     iterations: int
     iterations_source: str
     memory_warning: str = ""
+    budget_bytes: int = 0  # per node ([cluster] memory_budget)
+    residencies: list[Residency] = field(default_factory=list)
 
     def total(self, key: str) -> float:
         return sum(getattr(s, key) for s in self.stages)
@@ -97,10 +112,16 @@ class Estimate:
             "wall_seconds": round(self.wall_seconds, 4),
             "storage": {"bytes_read": int(self.total("bytes_read")), "get_requests": int(self.total("get_requests")),
                         "bytes_written": int(self.total("bytes_written")),
-                        "put_requests": int(self.total("put_requests"))},
+                        "put_requests": int(self.total("put_requests")),
+                        "bytes_reread": int(self.total("bytes_reread")),
+                        "reread_requests": int(self.total("reread_requests")),
+                        "bytes_reread_per_iteration": self.reread_per_iteration},
             "network": {"bytes_between_nodes": int(self.total("bytes_between_nodes"))},
             "memory": {"peak_bytes_per_node": self.peak_bytes_per_node,
-                       "bytes_touched": int(self.total("bytes_touched"))},
+                       "bytes_touched": int(self.total("bytes_touched")),
+                       "budget_bytes": self.budget_bytes, "resident_fraction": round(self.resident_fraction, 6),
+                       "streamed_from": next((r.source for r in self.residencies if r.streams), None),
+                       "spill_bytes_read": int(self.total("spill_bytes_read"))},
             "flops": float(self.total("flops")),
             "tasks": {"count": int(self.total("tasks")), "retries": 0},
             "nodes": {"count": self.nodes, "instance_type": self.instance.name,
@@ -111,6 +132,16 @@ class Estimate:
             "assumptions": self.assumptions(),
             **({"warning": self.memory_warning} if self.memory_warning else {}),
         }
+
+    @property
+    def resident_fraction(self) -> float:
+        total = sum(r.input_bytes for r in self.residencies)
+        return sum(r.resident_bytes for r in self.residencies) / total if total else 1.0
+
+    @property
+    def reread_per_iteration(self) -> int:
+        """Input bytes brought back each iteration (from storage or the spill)."""
+        return sum(r.streamed_bytes for r in self.residencies if r.repeats > 1)
 
     def assumptions(self) -> list[str]:
         p = self.profile
@@ -158,17 +189,61 @@ def _compute_seconds(cost: Any, profile: MachineProfile, cluster: ClusterShape) 
                       for node, touched, work in cost.task_work], cluster)
 
 
-def _read_seconds(cost: Any, profile: MachineProfile, cluster: ClusterShape) -> float:
-    """Reading a plan's stored blocks, one task per block on the node that first uses it;
-    the node's read rate is shared by its workers."""
+def _read_seconds(reads: list[tuple[int, int]], profile: MachineProfile, cluster: ClusterShape) -> float:
+    """Reading stored blocks ``(node, bytes)``, one task per block on the node that first uses
+    it; the node's read rate is shared by its workers."""
     per_worker = profile.storage_read_bytes_per_s / max(1, cluster.workers_per_node)
     return _makespan([(node, nbytes / per_worker + profile.task_overhead_seconds)
-                      for node, nbytes in cost.block_reads], cluster)
+                      for node, nbytes in reads], cluster)
+
+
+def _block_homes(physical: PhysicalPlan, nodes: int) -> dict[SourceBlock, int]:
+    homes: dict[SourceBlock, int] = {}
+    for i, task in enumerate(physical.tasks):
+        for arg in task.args:
+            if isinstance(arg, SourceBlock):
+                homes.setdefault(arg, (task.node if task.node is not None else i) % nodes)
+    return homes
+
+
+def _block_bytes(physical: PhysicalPlan, block: SourceBlock) -> int:
+    source = physical.source(block.array)
+    return math.prod(s.stop - s.start for s in source.grid.selection(block.index)) * \
+        np.dtype(source.array.dtype).itemsize
+
+
+def _block_requests(physical: PhysicalPlan, block: SourceBlock) -> int:
+    source = physical.source(block.array)
+    return math.prod(math.ceil(s.stop / c) - s.start // c
+                     for s, c in zip(source.grid.selection(block.index), source.array.chunks, strict=True))
+
+
+# Ray's object store by default: 30 % of a node's memory
+DEFAULT_STORE_FRACTION = 0.3
+
+
+def stream_rates(profile: MachineProfile) -> StreamRates:
+    """Where a streamed block may come back from: storage, or this host's temporary
+    directory (half its free space may be spilled to)."""
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    return StreamRates(bucket_bytes_per_s=profile.storage_read_bytes_per_s,
+                       spill_bytes_per_s=profile.spill_read_bytes_per_s, spill_capacity=free // 2)
+
+
+def budget_bytes(spec: Any, instance: Instance, store_bytes: int | None = None) -> int:
+    """``[cluster] memory_budget`` per node, of the store a run found (``store_bytes``), else
+    of ``[cluster] object_store_memory``, else of Ray's default store on ``instance``."""
+    store = store_bytes or spec.cluster.store_bytes or int(DEFAULT_STORE_FRACTION * instance.memory_gib * 2**30)
+    return spec.cluster.budget_bytes(store)
 
 
 def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices: PriceTable,
-                 profile: MachineProfile, iterations: int | None = None) -> Estimate:
-    """Plan every program ``job`` runs on ``nodes`` × ``instance`` and price it."""
+                 profile: MachineProfile, iterations: int | None = None, store_bytes: int | None = None,
+                 rates: StreamRates | None = None) -> Estimate:
+    """Plan every program ``job`` runs on ``nodes`` × ``instance`` and price it, under the
+    memory budget (``planner.residency``: what is streamed, from where, at what cost).
+
+    Raises ``BudgetError`` when a block cannot fit the budget even streamed."""
     cluster = ClusterShape(nodes=nodes, workers_per_node=max(1, instance.vcpus),
                            memory_per_node=int(instance.memory_gib * 2**30))
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
@@ -186,20 +261,94 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
     peaks: dict[str, list[list[int]]] = {name: [] for name in by_stage}
+    budget = budget_bytes(spec, instance, store_bytes)
+    rates = rates or stream_rates(profile)
+    residencies: list[Residency] = []
+    # kept in the store: (URI, block) -> (node, bytes), in the order admitted
+    resident: dict[tuple[str, SourceBlock], tuple[int, int]] = {}
+    resident_bytes = [0] * nodes
+    demoted: set[tuple[str, SourceBlock]] = set()  # resident until a later program needed the room
+    spill_node = [0] * nodes
+    source_of_stream = "bucket"
+    read_before: set[tuple[str, SourceBlock]] = set()
     for p in declared.passes:
         plan = make_plan(capture(list(p.program.values())), options)
         assert plan.physical is not None and plan.cost is not None
+        physical = plan.physical
         # stored blocks stay where the first program read them, for the job (see physical_cost)
-        cost = physical_cost(plan.physical, nodes, homes)
-        fresh = [s for s in plan.physical.sources if s.array.uri not in sources_seen]
-        if fresh:  # stored blocks are read once, by one task each, then kept for the job
-            seconds["load"] += _read_seconds(cost, profile, cluster)
-            load.bytes_read += cost.bytes_read
-            load.get_requests += cost.get_requests
-            load.tasks += len({a for t in plan.physical.tasks for a in t.args if isinstance(a, SourceBlock)})
-            sources_seen.update(s.array.uri for s in fresh)
+        cost = physical_cost(physical, nodes, homes)
+        fresh = [s for s in physical.sources if s.array.uri not in sources_seen]
         stage, runs = by_stage[p.stage], p.runs.times(assumed)
-        seconds[p.stage] += runs * (_compute_seconds(cost, profile, cluster) + profile.run_overhead_seconds)
+        residency = None
+        if fresh:  # the pass that reads them first decides which stay (as Session.load does)
+            residency = plan_residency(physical, nodes, max(0, budget - max(resident_bytes)), repeats=assumed,
+                                       rates=rates, workers_per_node=cluster.workers_per_node)
+            residencies.append(residency)
+            if residency.streams:
+                source_of_stream = residency.source
+        block_homes = _block_homes(physical, nodes)
+        key = {b: (physical.source(b.array).array.uri, b) for b in block_homes}
+        if residency is not None:
+            for b in sorted(residency.resident, key=lambda b: (b.array, b.index)):
+                if key[b] not in resident:
+                    resident[key[b]] = (block_homes[b], residency.block_bytes[b])
+                    resident_bytes[block_homes[b]] += residency.block_bytes[b]
+        elif resident:  # a later program: resident blocks make room for its intermediates (Session)
+            dropped = demotions([(k, n, nb) for k, (n, nb) in resident.items()], budget,
+                                intermediate_peak(physical, nodes))
+            for k in dropped:
+                node, nbytes = resident.pop(k)  # type: ignore[call-overload]
+                resident_bytes[node] -= nbytes
+                read_before.add(k)  # type: ignore[arg-type]
+                demoted.add(k)  # type: ignore[arg-type]  # the runtime reads these from storage
+        # every task reads the streamed blocks it uses, each run
+        uses = Counter(b for t in physical.tasks for b in dict.fromkeys(t.args)
+                       if isinstance(b, SourceBlock) and key[b] not in resident)
+        if residency is not None and not residency.streams and not read_before:
+            uses.clear()  # everything fits: read once in load, as before
+        if fresh:  # stored blocks are read once, by one task each, then kept for the job
+            kept = [(block_homes[b], _block_bytes(physical, b)) for b in block_homes if key[b] in resident]
+            seconds["load"] += _read_seconds(kept, profile, cluster)
+            for b in block_homes:
+                if key[b] in resident:
+                    load.bytes_read += _block_bytes(physical, b)
+                    load.get_requests += _block_requests(physical, b)
+            load.tasks += sum(1 for b in block_homes if key[b] in resident)
+            sources_seen.update(s.array.uri for s in fresh)
+        run_seconds = _compute_seconds(cost, profile, cluster)
+        if uses:
+            # each run reads its streamed blocks, overlapped with the resident ones' compute:
+            # a block's first read from storage, then (from the spill, if planned) again at each use
+            first_node, again_node = [0] * nodes, [0] * nodes
+            for b, count in uses.items():
+                nbytes, requests = _block_bytes(physical, b), _block_requests(physical, b)
+                reads = runs * count
+                if key[b] not in read_before:
+                    read_before.add(key[b])
+                    stage.bytes_read += nbytes
+                    stage.get_requests += requests
+                    first_node[block_homes[b]] += nbytes
+                    reads -= 1
+                again_node[block_homes[b]] += nbytes * reads
+                if source_of_stream == "spill" and key[b] not in demoted:
+                    stage.spill_bytes_read += reads * nbytes
+                    spill_node[block_homes[b]] += reads * nbytes
+                else:
+                    stage.bytes_read += reads * nbytes
+                    stage.get_requests += reads * requests
+                    stage.bytes_reread += reads * nbytes
+                    stage.reread_requests += reads * requests
+            spilled = sum(spill_node)
+            rate = profile.spill_read_bytes_per_s if spilled else profile.storage_read_bytes_per_s
+            read_seconds = max(first_node) / profile.storage_read_bytes_per_s + max(again_node) / rate
+            seconds[p.stage] += max(runs * run_seconds, read_seconds) + runs * profile.run_overhead_seconds
+            spill_node = [0] * nodes
+            peak = [i + r for i, r in zip(intermediate_peak(physical, nodes), resident_bytes, strict=True)]
+        else:
+            seconds[p.stage] += runs * (run_seconds + profile.run_overhead_seconds)
+            peak = list(cost.peak_bytes_per_node)
+            if read_before or residencies and residencies[-1].streams:
+                peak = [i + r for i, r in zip(intermediate_peak(physical, nodes), resident_bytes, strict=True)]
         if stage is not load:
             stage.runs += runs
         stage.bytes_between_nodes += runs * cost.bytes_between_nodes
@@ -207,7 +356,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.flops += runs * cost.flops
         stage.work.update({kind: runs * amount for kind, amount in cost.work.items()})
         stage.tasks += runs * cost.tasks
-        peaks[p.stage].append(list(cost.peak_bytes_per_node))
+        peaks[p.stage].append(peak)
     # arrays of the job no program reads are read whole on the driver (factor matrices, indptr)
     for info in getattr(job, "arrays", {}).values():
         if info.uri not in sources_seen:
@@ -254,7 +403,8 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.wall_seconds += stage.bytes_between_nodes / network
         stage.peak_bytes_per_node = [max(q[i] for q in peaks[name]) for i in range(len(peaks[name][0]))] \
             if peaks[name] else []
-    result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source)
+    result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source,
+                      budget_bytes=budget, residencies=residencies)
     result.memory_warning = memory_warning(result.peak_bytes_per_node, instance)
     return result
 
@@ -275,5 +425,4 @@ def memory_warning(peak_bytes_per_node: Sequence[int], instance: Instance) -> st
     need = math.ceil(sum(peak_bytes_per_node) / (MEMORY_HEADROOM * memory))
     return (f"the plan needs {size(peak)} of memory on a node, but one {instance.name} node has "
             f"{instance.memory_gib:g} GiB ({len(peak_bytes_per_node)} node(s) planned): about {need:,} such "
-            f"nodes would hold it (--nodes {need}); inputs bigger than the cluster's memory are not "
-            f"streamed yet (issue #17)")
+            f"nodes would hold it (--nodes {need})")

@@ -43,6 +43,10 @@ class MachineProfile:
     sparse_product_per_s: float = 6e8  # nonzeros per second of a CSR matrix × vector (512K nodes)
     sparse_product_large_per_s: float = 8.4e7  # the same gathering from a 32 MiB vector (4M nodes)
     result_bytes_per_s: float = 9e8  # a task's fresh 128 MiB result into the object store
+    # one node's workers reading back blocks they spilled to local disk (.npy, as the runtime
+    # streams them under a memory budget); against storage_read_bytes_per_s it decides where a
+    # streamed block comes back from
+    spill_read_bytes_per_s: float = 1.5e9
     measured_at: str = ""
     bucket: str = ""
 

@@ -28,7 +28,11 @@ def table(est: Estimate, choice: str = "") -> str:
         ("GET requests", f"{load.get_requests:,}", "requests", _money(d["get_requests"])),
         ("Wall time", f"{load.wall_seconds:.2f}", "s", ""),
     ])
+    streaming = [("Re-read from storage", size(fit.bytes_reread), "", "")] if fit.bytes_reread else []
+    if fit.spill_bytes_read:
+        streaming.append(("Read back from spill", size(fit.spill_bytes_read), "", ""))
     stage_rows(f"{fit.name} ({fit.runs:,} passes)", [
+        *streaming,
         ("Between nodes", size(fit.bytes_between_nodes), "", ""),
         ("Memory touched", size(fit.bytes_touched), "", ""),
         ("FLOPs", f"{fit.flops:.3g}", "flop", ""),
@@ -49,7 +53,12 @@ def table(est: Estimate, choice: str = "") -> str:
     lines.append(f" {'OVERALL TOTAL':<{width}}{'':>12}  {'':<12}{_money(d['total']):>10}")
     lines.append("─" * (width + 37))
     peak = max(est.peak_bytes_per_node, default=0)
-    lines.append(f" Peak memory per node: {size(peak)} (of {est.instance.memory_gib:g} GiB)")
+    lines.append(f" Peak memory per node: {size(peak)} (of {est.instance.memory_gib:g} GiB; "
+                 f"budget {size(est.budget_bytes)} of the object store)")
+    if est.resident_fraction < 1:
+        source = next((r.source for r in est.residencies if r.streams), "bucket")
+        lines.append(f" Resident: {est.resident_fraction:.0%} of the inputs; streamed from the {source}, "
+                     f"{size(est.reread_per_iteration)} brought back per iteration")
     if choice:
         lines.append(f" Nodes: {choice}")
     lines += [f" Assumes: {a}" for a in est.assumptions()]

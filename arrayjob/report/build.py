@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from arrayjob.runtime.cluster import ClusterInfo
     from arrayjob.spec import JobSpec
 
-COMPARED = ("wall_seconds", "storage.bytes_read", "storage.get_requests", "storage.bytes_written",
+COMPARED = ("wall_seconds", "storage.bytes_read", "storage.get_requests", "storage.bytes_reread", "storage.bytes_written",
             "storage.put_requests", "network.bytes_between_nodes", "memory.peak_bytes_per_node", "tasks.count",
             "nodes.node_seconds", "dollars.total")
 
@@ -93,7 +93,9 @@ def build_report(
             }
             for s in metrics.stages
         ],
-        "storage": metrics.storage.as_dict(),
+        # bytes_read grows with re-reads of streamed blocks; bytes_reread is that growth
+        "storage": {**metrics.storage.as_dict(), "bytes_reread": metrics.streaming.bytes_reread,
+                    "reread_requests": metrics.streaming.reread_requests},
         "network": {
             "bytes_between_nodes": metrics.bytes_between_nodes,
             "bytes_in_per_node": [metrics.network_in_by_node.get(n, 0) for n in nodes],
@@ -111,6 +113,12 @@ def build_report(
             "input_block_bytes_per_node": [metrics.block_bytes_by_node.get(n, 0) for n in nodes],
             "bytes_touched": metrics.bytes_touched,
             "driver_peak_rss_bytes": driver_peak_rss_bytes(),
+            # the block cache under [cluster] memory_budget (planner.residency)
+            "budget_bytes": metrics.streaming.budget_bytes,
+            "resident_fraction": round(metrics.streaming.resident_fraction, 6),
+            "streamed_from": metrics.streaming.source,
+            "spill_bytes_read": metrics.streaming.spill_bytes_read,
+            "spill_bytes_written": metrics.streaming.spill_bytes_written,
         },
         "nodes": {**used, "node_seconds": round(node_seconds, 3), "instance_type": instance.name if instance else None},
         "dollars": dollars,

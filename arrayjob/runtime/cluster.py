@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from arrayjob.errors import ClusterError, Terminated
 from arrayjob.planner.plan import ClusterShape
 from arrayjob.runtime import reaper
-from arrayjob.units import seconds
+from arrayjob.units import parse_bytes, seconds
 
 
 def _is_duration(value: float | str) -> bool:
@@ -30,9 +30,34 @@ def _is_duration(value: float | str) -> bool:
     return True
 
 
+# Without [cluster] memory_budget, the input blocks and intermediates of a job may fill this
+# fraction of each node's object store; the rest is left for Ray's own use (driver values,
+# objects being transferred, other jobs' objects on a shared cluster).
+DEFAULT_BUDGET_FRACTION = 0.8
+
+
+def _is_size(value: object) -> bool:
+    try:
+        parse_bytes(value)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    return True
+
+
+def _is_budget(value: object) -> bool:
+    if isinstance(value, float):
+        return 0 < value <= 1
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return 0 < float(value.strip()[:-1]) <= 100
+        except ValueError:
+            return False
+    return _is_size(value)
+
+
 @dataclass(frozen=True)
 class ClusterOptions:
-    """The ``[cluster]`` section: where Ray runs."""
+    """The ``[cluster]`` section: where Ray runs, and how much of its memory a job may use."""
 
     address: str = field(default="local", metadata={"check": bool, "expect": "'local', 'auto' or a Ray address"})
     num_cpus: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
@@ -43,6 +68,29 @@ class ClusterOptions:
     node_type: str | None = field(default=None, metadata={"check": bool, "expect": "an instance type of the price table"})
     scale_timeout: float | str = field(default=600.0, metadata={"check": _is_duration,
                                                                 "expect": "a duration like 90s, 10m or 1.5h"})
+    # bytes of each node's object store the job's blocks may hold: a size ("600MB", bytes as an
+    # integer) or a fraction of the store (0.5, "50%"); default DEFAULT_BUDGET_FRACTION
+    memory_budget: str | int | float | None = field(default=None, metadata={
+        "check": _is_budget, "expect": "a size such as \"600MB\", or a fraction of the object store (0.5 or \"50%\")"})
+    # the object store of a local (private) Ray, e.g. "600MB"; a running cluster keeps its own
+    object_store_memory: str | int | None = field(default=None, metadata={
+        "check": _is_size, "expect": "a size such as \"600MB\" or a number of bytes"})
+
+    def budget_bytes(self, store_bytes: int) -> int:
+        """The memory budget per node, given the smallest node's object store."""
+        value = self.memory_budget
+        if value is None:
+            return int(store_bytes * DEFAULT_BUDGET_FRACTION)
+        if isinstance(value, float):
+            return int(store_bytes * value)
+        if isinstance(value, str) and value.strip().endswith("%"):
+            return int(store_bytes * float(value.strip()[:-1]) / 100)
+        return parse_bytes(value)
+
+    @property
+    def store_bytes(self) -> int | None:
+        """``object_store_memory`` in bytes, if set."""
+        return None if self.object_store_memory is None else parse_bytes(self.object_store_memory)
 
     @property
     def scale_timeout_seconds(self) -> float:
@@ -56,6 +104,7 @@ class ClusterInfo:
     cpus: int  # in all
     started_here: bool
     memory_per_node: int = 0  # the smallest node's memory for tasks, in bytes
+    object_store_per_node: int = 0  # the smallest node's object store, in bytes
 
 
 def describe() -> ClusterInfo:
@@ -67,8 +116,9 @@ def describe() -> ClusterInfo:
                    key=lambda n: n["NodeID"])
     cpus = int(sum(n.get("Resources", {}).get("CPU", 0) for n in nodes))
     memory = int(min((n.get("Resources", {}).get("memory", 0) for n in nodes), default=0))
+    store = int(min((n.get("Resources", {}).get("object_store_memory", 0) for n in nodes), default=0))
     address = ray.get_runtime_context().gcs_address
-    return ClusterInfo(address, tuple(n["NodeID"] for n in nodes), max(1, cpus), False, memory)
+    return ClusterInfo(address, tuple(n["NodeID"] for n in nodes), max(1, cpus), False, memory, store)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -229,6 +279,8 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
         kwargs["address"] = "local"
         if options.num_cpus:
             kwargs["num_cpus"] = options.num_cpus
+        if options.store_bytes is not None:
+            kwargs["object_store_memory"] = options.store_bytes
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         token = f"{os.getpid()}-{uuid.uuid4().hex}"
         watchdog = reaper.start(token)

@@ -24,17 +24,26 @@ from arrayjob.planner.physical import (
     SourceBlock,
     TaskResult,
 )
+from arrayjob.planner.residency import Residency
 from arrayjob.runtime.metrics import RunMetrics
 
 
 class Executor(Protocol):
     metrics: RunMetrics
 
-    def load(self, plan: PhysicalPlan) -> None:
-        """Read every source block of ``plan`` now (and check it), if not already held."""
+    def load(self, plan: PhysicalPlan, residency: Residency | None = None) -> None:
+        """Read every source block of ``plan`` now (and check it), if not already held; with a
+        ``residency`` that streams, only its resident blocks (the others are read by their tasks)."""
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:
-        """Run ``plan`` with the driver values; returns the results named by ``plan.outputs``."""
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None) -> list[Any]:
+        """Run ``plan`` with the driver values, submitting its tasks in ``order`` if given;
+        returns the results named by ``plan.outputs``."""
+
+    def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
+        """Stream these resident blocks (array URI, block) from now on: drop them from memory."""
+
+    def close(self) -> None:
+        """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
 
     def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
         """Run ``plan`` and keep its outputs, unfetched, as blocks 0, 1, ... of ``handle``."""
@@ -74,6 +83,8 @@ class LocalExecutor:
         self.metrics = metrics or RunMetrics()
         self._blocks: dict[tuple[Source, tuple[int, ...]], np.ndarray] = {}
         self._kept: dict[str, list[Any]] = {}
+        self._streaming = False  # under a budget: blocks not loaded are read at each use
+        self._read_once: set[tuple[Source, tuple[int, ...]]] = set()
 
     def nodes_now(self) -> int | None:
         return None  # one process: nothing comes or goes
@@ -84,14 +95,34 @@ class LocalExecutor:
         if key not in self._blocks:
             block, stats = load_and_check(source, ref.index, self.options)
             self.metrics.count_storage(_counters(stats))
+            if self._streaming:
+                reread = stats["nbytes"] if key in self._read_once else 0
+                self._read_once.add(key)
+                self.metrics.count_stream(reread=reread, reread_requests=stats["get_requests"] if reread else 0)
+                return block
             self.metrics.hold_block("local", stats["nbytes"])
             self._blocks[key] = block
         return self._blocks[key]
 
-    def load(self, plan: PhysicalPlan) -> None:
+    def load(self, plan: PhysicalPlan, residency: Residency | None = None) -> None:
         for source in plan.sources:
             for index in source.grid.indices():
-                self._block(plan, SourceBlock(source.array.name, index))
+                ref = SourceBlock(source.array.name, index)
+                if residency is not None and residency.streams:
+                    self._streaming = True
+                    if ref not in residency.resident:
+                        continue
+                self._block(plan, ref)
+
+    def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
+        self._streaming = True
+        for source, index in list(self._blocks):
+            if (source.array.uri, SourceBlock(source.array.name, index)) in blocks:
+                del self._blocks[(source, index)]
+                self._read_once.add((source, index))
+
+    def close(self) -> None:
+        pass
 
     def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
         self._kept[handle] = self.run(plan, values)
@@ -102,8 +133,8 @@ class LocalExecutor:
     def release(self, name: str) -> None:
         self._kept.pop(name, None)
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:
-        results: dict[str, tuple[Any, ...]] = {}
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None) -> list[Any]:
+        results: dict[str, tuple[Any, ...]] = {}  # in plan order: one process has nothing to overlap
         for task in plan.tasks:
             args = []
             for arg in task.args:

@@ -95,6 +95,22 @@ class NodeLog:
                               "seconds": round(self.seconds(n), 3), "added": n not in self.present}
                              for n in self.joined],
                 "events": list(self.events)}
+class Streaming:
+    """The block cache under a memory budget: what was kept, what was brought back, from where."""
+
+    budget_bytes: int | None = None  # per node; None: no budget applied
+    resident_fraction: float = 1.0  # of the input bytes the loads planned, kept in the object store
+    source: str | None = None  # where streamed blocks came back from: "spill", "bucket" (None: nothing streamed)
+    bytes_reread: int = 0  # input bytes read from storage again after their first read
+    reread_requests: int = 0  # the GETs of those re-reads
+    spill_bytes_read: int = 0  # streamed bytes read back from the nodes' own spill
+    spill_bytes_written: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"budget_bytes": self.budget_bytes, "resident_fraction": self.resident_fraction,
+                "streamed_from": self.source, "bytes_reread": self.bytes_reread,
+                "reread_requests": self.reread_requests, "spill_bytes_read": self.spill_bytes_read,
+                "spill_bytes_written": self.spill_bytes_written}
 
 
 @dataclass
@@ -118,6 +134,7 @@ class RunMetrics:
     # one sample per measured run: seconds since the start, bytes moved so far, that run's per-node peak
     timeline: list[dict[str, object]] = field(default_factory=list)
     faults: Faults = field(default_factory=Faults)
+    streaming: Streaming = field(default_factory=Streaming)
     started: float = field(default_factory=time.perf_counter)
     nodes: NodeLog | None = None  # set when the run sizes its cluster: which nodes, when
     _current: Stage | None = None
@@ -172,6 +189,16 @@ class RunMetrics:
             last["count"] = int(last["count"]) + count  # type: ignore[call-overload]  # one mark per burst
             return
         f.events.append({"seconds": seconds, "kind": kind, "count": count, "stage": self.current_stage, **detail})
+
+    def count_stream(self, *, reread: int = 0, reread_requests: int = 0, spill_read: int = 0,
+                     spill_written: int = 0) -> None:
+        """Count what streamed blocks cost (their storage bytes and requests are counted by
+        ``count_storage`` too: ``storage.bytes_read`` grows with re-reads)."""
+        s = self.streaming
+        s.bytes_reread += reread
+        s.reread_requests += reread_requests
+        s.spill_bytes_read += spill_read
+        s.spill_bytes_written += spill_written
 
     def hold_block(self, node: str, nbytes: int) -> None:
         self.block_bytes_by_node[node] += nbytes

@@ -34,12 +34,27 @@ block is, not from a dead node) and counted in ``faults.blocks_reconstructed``.
 
 Blocks kept between programs (``Session.persist``: ``keep``, ``alias``, ``release``) stay
 in the object store where their tasks ran, and later plans take them zero-copy.
+
+Memory budget (``planner.residency``): a ``load`` given a ``Residency`` that streams reads
+only the resident blocks into the object store. A streamed block (and, from then on, any
+block not resident) is read by the task that uses it, on its worker, from the node's own
+spill of it when the plan says so (written by its first read, a ``.npy`` file on local
+disk) or else from storage; it never enters the object store and is freed when its task
+ends. Tasks are submitted in the planner's order, so blocks are read while others compute.
+Each streaming task reports its reads in its record; the first read of a block from storage
+is a read, any later one a re-read (``RunMetrics.bytes_reread``). The spill is removed by
+``close``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -60,6 +75,7 @@ from arrayjob.planner.physical import (
     SourceBlock,
     TaskResult,
 )
+from arrayjob.planner.residency import Residency
 from arrayjob.runtime.executor import load_and_check
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.scaling import worker_ids
@@ -125,6 +141,59 @@ def _run_measured(fn: Any, num_outputs: int, *args: Any) -> tuple[Any, ...]:
     return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), sum(_nbytes(a) for a in args), _attempt()))
 
 
+class StreamedRead:
+    """A block a task reads itself: from ``spill`` (a file on its node) if there, else from
+    storage, writing ``spill`` then if one is planned."""
+
+    __slots__ = ("index", "source", "spill")
+
+    def __init__(self, source: Source, index: tuple[int, ...], spill: str | None) -> None:
+        self.source, self.index, self.spill = source, index, spill
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return StreamedRead, (self.source, self.index, self.spill)
+
+    def read(self, options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
+        if self.spill is not None:
+            with contextlib.suppress(FileNotFoundError, ValueError, OSError):
+                block = np.load(self.spill, allow_pickle=False)
+                return block, {"spill_read": int(block.nbytes)}
+        block, stats = load_and_check(self.source, self.index, options)
+        if self.spill is not None:
+            with contextlib.suppress(OSError):  # a full disk: the next use reads storage again
+                os.makedirs(os.path.dirname(self.spill), exist_ok=True)
+                partial = f"{self.spill}.{os.getpid()}.tmp.npy"
+                np.save(partial, block, allow_pickle=False)
+                os.replace(partial, self.spill)
+                stats["spill_written"] = int(block.nbytes)
+        return block, stats
+
+
+@ray.remote(max_retries=TASK_RETRIES)
+def _run_streaming(fn: Any, num_outputs: int, options: StorageOptions, *args: Any) -> tuple[Any, ...]:
+    """``_run_measured`` for a task some of whose blocks it reads itself (``StreamedRead``);
+    its record carries what each read cost, by block: ``{(array, index): stats}``."""
+    reads: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+    real = []
+    for a in args:
+        if isinstance(a, StreamedRead):
+            block, stats = a.read(options)
+            reads[(a.source.array.name, a.index)] = stats
+            real.append(block)
+        else:
+            real.append(a)
+    out = kernels.run(fn, *real)
+    outs = tuple(out) if num_outputs > 1 else (out,)
+    in_bytes = sum(_nbytes(a) for a in real)
+    del real  # the streamed blocks are freed with the task
+    return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), in_bytes, _attempt(), reads))
+
+
+@ray.remote
+def _remove_spill(directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def _unwrap(exc: ray.exceptions.RayTaskError) -> BaseException:
     """The user-facing error inside a failed Ray task, if it is one of ours."""
     cause = getattr(exc, "cause", None)
@@ -166,6 +235,11 @@ class RayExecutor:
         self._rebuilt: dict[Any, set[str]] = {}  # found again since the last replay: every node with a copy
         self._watched = 0.0
         self._workers: set[str] = set(node_ids)
+        # the memory budget: blocks streamed (read by their tasks), with their spill file if planned
+        self._streaming = False
+        self._stream: dict[BlockKey, str | None] = {}
+        self._read_once: set[BlockKey] = set()  # streamed blocks read from storage at least once
+        self._spill_dir = os.path.join(tempfile.gettempdir(), "arrayjob-spill", uuid.uuid4().hex)
         if node_ids:
             self.check_nodes()
 
@@ -328,15 +402,57 @@ class RayExecutor:
         except ray.exceptions.RayTaskError as exc:
             raise _unwrap(exc) from None
 
-    def load(self, plan: PhysicalPlan) -> None:
+    def load(self, plan: PhysicalPlan, residency: Residency | None = None) -> None:
         first_use: dict[SourceBlock, int | None] = {}
         for task in plan.tasks:
             for arg in task.args:
                 if isinstance(arg, SourceBlock):
                     first_use.setdefault(arg, task.node)
+        if residency is not None and residency.streams:
+            self._streaming = True
+            for ref in residency.streamed:
+                source = plan.source(ref.array)
+                name = f"{source.array.name}-{'.'.join(map(str, ref.index))}-{abs(hash(source)):x}.npy"
+                self._stream[(source, ref.index)] = os.path.join(self._spill_dir, name) \
+                    if residency.source == "spill" else None
+            first_use = {ref: node for ref, node in first_use.items() if ref in residency.resident}
         for ref, node in first_use.items():
             self._block(plan, ref, node)
         self._collect_stats()
+
+    def _streamed(self, plan: PhysicalPlan, ref: SourceBlock) -> StreamedRead | None:
+        """The read a task makes itself of ``ref``, if it is not held (under a budget)."""
+        source = plan.source(ref.array)
+        key = (source, ref.index)
+        if not self._streaming or key in self._blocks:
+            return None
+        return StreamedRead(source, ref.index, self._stream.setdefault(key, None))
+
+    def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
+        """Stream these resident blocks (array URI, block) from now on: their refs are dropped
+        (Ray frees them), their tasks read them (from storage: they were read once already)."""
+        self._streaming = True
+        for key in [k for k in self._blocks if (k[0].array.uri, SourceBlock(k[0].array.name, k[1])) in blocks]:
+            del self._blocks[key]
+            node, nbytes = self._block_home.pop(key, (None, 0))
+            if node is not None:
+                self.metrics.block_bytes_by_node[node] -= nbytes
+            self._stream[key] = None
+            self._read_once.add(key)
+
+    def close(self) -> None:
+        """Remove this executor's spill of streamed blocks, on every node."""
+        if not any(self._stream.values()):
+            return
+        waits = []
+        for node in self.node_order if self.node_ids else []:
+            if node in self._lost:
+                continue
+            strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+            waits.append(_remove_spill.options(scheduling_strategy=strategy).remote(self._spill_dir))
+        with contextlib.suppress(Exception):  # best effort: a node may be gone
+            ray.get(waits, timeout=30)
+        shutil.rmtree(self._spill_dir, ignore_errors=True)
 
     # -- running -----------------------------------------------------------------------------
     def _consumers(self, plan: PhysicalPlan) -> tuple[Counter[str], frozenset[str]]:
@@ -351,22 +467,28 @@ class RayExecutor:
             cached = self._uses[id(plan)] = (plan, uses, frozenset(o.task for o in plan.outputs))
         return cached[1], cached[2]
 
-    def _submit(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
-        """Submit every task of ``plan``; the refs of its outputs and of the tasks' records."""
+    def _submit(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None,
+                ) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+        """Submit every task of ``plan`` (in ``order``, if given); the refs of its outputs and of
+        the tasks' records, in plan order."""
         uses, returned = self._consumers(plan)
         if self.node_ids:
             self.check_nodes(every=1.0)
         remaining = Counter(uses)
         value_refs = {name: v if _nbytes(v) <= INLINE_VALUE_BYTES else ray.put(v) for name, v in values.items()}
         refs: dict[str, list[ray.ObjectRef]] = {}
-        records: list[ray.ObjectRef] = []
-        for task in plan.tasks:
+        records: dict[int, ray.ObjectRef] = {}
+        for position in order if order is not None else range(len(plan.tasks)):
+            task = plan.tasks[position]
             args = []
+            streams = False
             for arg in task.args:
                 if isinstance(arg, SourceBlock):
-                    if self._relocating:
+                    read = self._streamed(plan, arg)
+                    streams = streams or read is not None
+                    if read is None and self._relocating:
                         self._relocate(plan, arg, task.node)
-                    args.append(self._block(plan, arg, task.node))
+                    args.append(read if read is not None else self._block(plan, arg, task.node))
                 elif isinstance(arg, TaskResult):
                     args.append(refs[arg.task][arg.output])
                 elif isinstance(arg, CachedBlock):
@@ -375,10 +497,15 @@ class RayExecutor:
                     args.append(value_refs[arg.name])
             home = self._home(plan, task) if self._lost else None
             options = {**self._options(task.node, home), "name": task.kernel.name}  # in Ray's dashboard and timeline
-            if self.measure:
+            if streams:
+                options["num_returns"] = task.num_outputs + 1
+                *outs, record = _run_streaming.options(**options).remote(task.kernel.fn, task.num_outputs,
+                                                                         self.options, *args)
+                records[position] = record
+            elif self.measure:
                 options["num_returns"] = task.num_outputs + 1
                 *outs, record = _run_measured.options(**options).remote(task.kernel.fn, task.num_outputs, *args)
-                records.append(record)
+                records[position] = record
             else:
                 if task.num_outputs > 1:
                     options["num_returns"] = task.num_outputs
@@ -392,16 +519,35 @@ class RayExecutor:
         self.metrics.count_tasks(len(plan.tasks))
         self._relocating = False
         self._relocated.clear()
-        return [refs[o.task][o.output] for o in plan.outputs], records
+        return [refs[o.task][o.output] for o in plan.outputs], [records[i] for i in sorted(records)]
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any]) -> list[Any]:
-        outs, records = self._submit(plan, values)
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None) -> list[Any]:
+        outs, records = self._submit(plan, values, order)
         outputs = self._get(outs)
         if self._pending_stats:
             self._collect_stats()
         if self.measure:
-            self._measure(plan, values, self._get(records))
+            self._measure(plan, values, self._get(records), order)
+        elif records:  # streaming tasks report their reads even unmeasured
+            for record in self._get(records):
+                self._count_reads(plan, record[4])
         return outputs
+
+    def _count_reads(self, plan: PhysicalPlan, reads: Mapping[tuple[str, tuple[int, ...]], Mapping[str, Any]]) -> None:
+        """Count a streaming task's own block reads: storage (a read, or a re-read after the
+        block's first) or the node's spill."""
+        for (name, index), stats in reads.items():
+            key = (plan.source(name), index)
+            if "spill_read" in stats:
+                self.metrics.count_stream(spill_read=stats["spill_read"])
+                continue
+            counters = StorageCounters(**{k: stats[k] for k in StorageCounters.__dataclass_fields__})
+            self.metrics.count_storage(counters)
+            self.metrics.fault("storage_retry", stats.get("storage_retries", 0))
+            reread = stats["nbytes"] if key in self._read_once else 0
+            self._read_once.add(key)
+            self.metrics.count_stream(reread=reread, reread_requests=counters.get_requests if reread else 0,
+                                      spill_written=stats.get("spill_written", 0))
 
     # -- blocks kept between programs (Session.persist) --------------------------------------
     def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
@@ -427,8 +573,10 @@ class RayExecutor:
             self._kept_home.pop(ref, None)
 
     def _measure(self, plan: PhysicalPlan, values: Mapping[str, Any],
-                 records: list[tuple[str, tuple[int, ...], int, int]]) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """Replay the run as it happened: bytes moved between nodes, per-node load.
+                 records: list[tuple[Any, ...]], submitted: tuple[int, ...] | None = None,
+                 ) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Replay the run as it happened (tasks in the order ``submitted``): bytes moved between
+        nodes, per-node load.
 
         Returns where each task ran and the bytes of each of its results.
         """
@@ -473,7 +621,14 @@ class RayExecutor:
             if key in used:
                 load.copies[used[key]] |= {node_index(n) for n in nodes}
         touched = 0
-        for task, node, (_, out_bytes, in_bytes, _) in zip(plan.tasks, task_nodes, records, strict=True):
+        for position in submitted if submitted is not None else range(len(plan.tasks)):
+            task, node, record = plan.tasks[position], task_nodes[position], records[position]
+            _, out_bytes, in_bytes = record[:3]
+            if len(record) > 4:  # a streaming task: its own reads live in the worker, not the store
+                self._count_reads(plan, record[4])
+                for arg in task.args:
+                    if isinstance(arg, SourceBlock) and arg not in load.home:
+                        load.hold(arg, node, 0)
             load.run(task, node, out_bytes)
             touched += in_bytes + sum(out_bytes)
 

@@ -1,0 +1,157 @@
+"""The planned block cache (planner only, no Ray): Belady's MIN with bypass on cyclic scans
+against a brute-force optimum, the fixed resident set, the prefetch order, the refusal."""
+
+from __future__ import annotations
+
+import itertools
+from functools import cache
+
+import numpy as np
+import pytest
+
+import arrayjob.lazy as la
+from arrayjob.io.locations import ArrayInfo, parse_uri
+from arrayjob.planner.physical import SourceBlock, TaskResult
+from arrayjob.planner.pipeline import make_plan
+from arrayjob.planner.plan import ClusterShape, PlanOptions
+from arrayjob.planner.residency import BudgetError, StreamRates, belady, plan_residency
+
+
+def optimum(uses: list[int], capacity: int) -> int:
+    """The fewest misses any policy can have (blocks of one size, ``capacity`` of them held;
+    a missed block may be kept or not, anything held may be dropped at any time)."""
+
+    @cache
+    def best(i: int, held: frozenset[int]) -> int:
+        if i == len(uses):
+            return 0
+        block = uses[i]
+        if block in held:
+            return best(i + 1, held)
+        options = [best(i + 1, held)]  # bypass
+        for drop in [None, *held] if len(held) >= capacity else [None]:
+            kept = held - {drop} if drop is not None else held
+            if len(kept) < capacity:
+                options.append(best(i + 1, kept | {block}))
+        return 1 + min(options)
+
+    return best(0, frozenset())
+
+
+def blocks(n: int) -> list[SourceBlock]:
+    return [SourceBlock("X", (i, 0)) for i in range(n)]
+
+
+@pytest.mark.parametrize(("n", "capacity", "cycles"), [(3, 1, 3), (4, 2, 3), (5, 2, 4), (5, 3, 3), (6, 4, 3)])
+def test_belady_on_a_cyclic_scan_is_optimal(n: int, capacity: int, cycles: int) -> None:
+    scan = blocks(n)
+    uses = scan * cycles
+    sizes = dict.fromkeys(scan, 10)
+    missed, kept, evicted = belady(uses, sizes, capacity * 10)
+    assert missed // 10 == optimum([b.index[0] for b in uses], capacity)
+    # a fixed resident set: nothing is evicted, and every cycle after the first misses n - capacity
+    assert not evicted and len(kept) == capacity
+    assert missed // 10 == n + (cycles - 1) * (n - capacity)
+
+
+def lru_misses(uses: list[int], capacity: int) -> int:
+    held: list[int] = []
+    misses = 0
+    for b in uses:
+        if b in held:
+            held.remove(b)
+        else:
+            misses += 1
+            if len(held) >= capacity:
+                held.pop(0)
+        held.append(b)
+    return misses
+
+
+def test_lru_thrashes_where_belady_keeps_a_set() -> None:
+    uses = [b.index[0] for b in blocks(5)] * 4
+    assert lru_misses(uses, 2) == 20  # every use misses
+    assert optimum(uses, 2) == 5 + 3 * 3
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_belady_on_random_sequences_is_optimal(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, capacity = int(rng.integers(3, 6)), int(rng.integers(1, 4))
+    uses = [int(b) for b in rng.integers(0, n, 12)]
+    refs = [SourceBlock("X", (b, 0)) for b in uses]
+    missed, _, _ = belady(refs, dict.fromkeys(refs, 1), capacity)
+    assert missed == optimum(uses, capacity)
+
+
+def logreg_plan(tmp_path, rows: int = 4000, cols: int = 8, chunk: int = 500, nodes: int = 1):
+    X = ArrayInfo("X", parse_uri(str(tmp_path / "X.zarr")), (rows, cols), "float64", (chunk, cols), 3)
+    y = ArrayInfo("y", parse_uri(str(tmp_path / "y.zarr")), (rows,), "float64", (chunk,), 3)
+    x, t = la.from_zarr(X), la.from_zarr(y)
+    w = la.value("w", (cols,))
+    p = la.sigmoid(x @ w)
+    program = {"loss": la.sum(p - t), "grad": x.T @ (p - t)}
+    options = PlanOptions(cluster=ClusterShape(nodes=nodes, workers_per_node=2), target_block_bytes=chunk * cols * 8)
+    plan = make_plan(la.capture(list(program.values())), options)
+    assert plan.physical is not None
+    return plan.physical
+
+
+def test_everything_fits_nothing_streams(tmp_path) -> None:
+    physical = logreg_plan(tmp_path)
+    r = plan_residency(physical, 1, 10**9, repeats=100)
+    assert not r.streams and r.resident_fraction == 1.0
+    assert r.order == tuple(range(len(physical.tasks)))  # the plan as it was
+
+
+def test_budget_keeps_a_fixed_fraction(tmp_path) -> None:
+    physical = logreg_plan(tmp_path)  # 8 blocks of X (32 kB each) and of y (4 kB)
+    total = sum(plan_residency(physical, 1, 10**9).block_bytes.values())
+    r = plan_residency(physical, 1, int(0.4 * total), repeats=50)
+    assert r.streams and r.resident_bytes + r.streamed_bytes == total
+    assert r.resident_bytes <= 0.4 * total - max(r.intermediate_peak)
+    assert 0.2 < r.resident_fraction <= 0.4
+    # a bigger budget keeps more
+    assert plan_residency(physical, 1, int(0.7 * total), repeats=50).resident_fraction > r.resident_fraction
+
+
+def test_prefetch_order_spreads_reads_among_computes(tmp_path) -> None:
+    physical = logreg_plan(tmp_path, rows=8000)  # 16 row blocks
+    total = sum(plan_residency(physical, 1, 10**9).block_bytes.values())
+    r = plan_residency(physical, 1, int(0.5 * total), repeats=10)
+    tasks = [physical.tasks[i] for i in r.order]
+    assert sorted(r.order) == list(range(len(physical.tasks)))  # a permutation
+    seen: set[str] = set()
+    for task in tasks:  # still in dependency order
+        assert all(a.task in seen for a in task.args if isinstance(a, TaskResult))
+        seen.add(task.id)
+    leaves = [t for t in tasks if not any(isinstance(a, TaskResult) for a in t.args)]
+    reads = [any(a in r.streamed for a in t.args) for t in leaves]
+    assert reads[: r.prefetch_depth] == [True] * r.prefetch_depth  # the first reads start at once
+    # never two reading tasks side by side while computing ones remain, up to the last ones
+    computing = reads.count(False)
+    runs = [len(list(g)) for k, g in itertools.groupby(reads[r.prefetch_depth:]) if k]
+    assert computing and max(runs) <= 1 + len(reads) // max(1, computing)
+
+
+def test_streamed_source_follows_the_rates(tmp_path) -> None:
+    physical = logreg_plan(tmp_path)
+    total = sum(plan_residency(physical, 1, 10**9).block_bytes.values())
+    fast_disk = StreamRates(bucket_bytes_per_s=3e8, spill_bytes_per_s=2e9, spill_capacity=10**9)
+    slow_disk = StreamRates(bucket_bytes_per_s=3e8, spill_bytes_per_s=1e8, spill_capacity=10**9)
+    no_room = StreamRates(bucket_bytes_per_s=3e8, spill_bytes_per_s=2e9, spill_capacity=1000)
+    assert plan_residency(physical, 1, total // 2, repeats=5, rates=fast_disk).source == "spill"
+    assert plan_residency(physical, 1, total // 2, repeats=5, rates=slow_disk).source == "bucket"
+    assert plan_residency(physical, 1, total // 2, repeats=5, rates=no_room).source == "bucket"
+    assert plan_residency(physical, 1, total // 2, repeats=1, rates=fast_disk).source == "bucket"  # one pass
+
+
+def test_a_block_bigger_than_the_budget_is_refused(tmp_path) -> None:
+    physical = logreg_plan(tmp_path, rows=4000, chunk=2000)  # blocks of 2000 × 8 × 8 = 128 kB
+    with pytest.raises(BudgetError) as caught:
+        plan_residency(physical, 1, 100_000, repeats=10)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "a block of inputs.X is 128.0 kB (128,000 bytes)" in message
+    assert "chunks of at most" in message and "cluster.memory_budget" in message
+    assert caught.value.exit_code == 2
