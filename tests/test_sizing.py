@@ -42,8 +42,9 @@ def _choose(spec_path: Path, overrides: tuple[str, ...] = (), **kw):  # type: ig
 def test_memory_bound_is_the_smallest_count_whose_stores_hold_the_plan(big):
     choice = _choose(big)
     assert choice.rule == "memory" and choice.fits and choice.nodes == choice.needed
-    peaks = {p.nodes: p.peak_bytes for p in choice.priced}
-    assert peaks[choice.nodes] <= usable_bytes(SMALL) < peaks[choice.nodes - 1]  # one fewer does not fit
+    priced = {p.nodes: p for p in choice.priced}
+    assert priced[choice.nodes].peak_bytes <= usable_bytes(SMALL) and priced[choice.nodes].resident_fraction == 1
+    assert priced[choice.nodes - 1].resident_fraction < 1  # one fewer does not hold it: it would stream
     assert choice.nodes == 9  # 50 blocks of 136 MB: 8 nodes would hold 7 of them on one
     assert choice.line.startswith("9 × small: the smallest count whose object stores hold its peak of ")
     assert choice.line.endswith("no cluster.max_nodes, so no more")

@@ -218,10 +218,6 @@ def _block_requests(physical: PhysicalPlan, block: SourceBlock) -> int:
                      for s, c in zip(source.grid.selection(block.index), source.array.chunks, strict=True))
 
 
-# Ray's object store by default: 30 % of a node's memory
-DEFAULT_STORE_FRACTION = 0.3
-
-
 def stream_rates(profile: MachineProfile) -> StreamRates:
     """Where a streamed block may come back from: storage, or this host's temporary
     directory (half its free space may be spilled to)."""
@@ -233,7 +229,7 @@ def stream_rates(profile: MachineProfile) -> StreamRates:
 def budget_bytes(spec: Any, instance: Instance, store_bytes: int | None = None) -> int:
     """``[cluster] memory_budget`` per node, of the store a run found (``store_bytes``), else
     of ``[cluster] object_store_memory``, else of Ray's default store on ``instance``."""
-    store = store_bytes or spec.cluster.store_bytes or int(DEFAULT_STORE_FRACTION * instance.memory_gib * 2**30)
+    store = store_bytes or spec.cluster.store_bytes or instance.object_store_bytes
     return spec.cluster.budget_bytes(store)
 
 

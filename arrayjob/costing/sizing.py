@@ -45,10 +45,12 @@ class PricedCount:
     wall_seconds: float
     dollars: float
     peak_bytes: int  # the most the plan holds on any one node
+    resident_fraction: float = 1.0  # of the inputs, kept in memory under the budget (the rest streamed)
 
     def as_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "wall_seconds": round(self.wall_seconds, 3),
-                "dollars": round(self.dollars, 6), "peak_bytes": self.peak_bytes}
+                "dollars": round(self.dollars, 6), "peak_bytes": self.peak_bytes,
+                "resident_fraction": round(self.resident_fraction, 6)}
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,11 @@ class _Pricer:
         return max(self(nodes).peak_bytes_per_node, default=0)
 
     def fits(self, nodes: int) -> bool:
-        return self.peak(nodes) <= usable_bytes(self.instance)
+        """Whether ``nodes`` hold the plan in memory: nothing streamed under the memory budget
+        (a plan that streams runs on fewer nodes, re-reading every iteration) and the peak
+        within the usable store."""
+        estimate = self(nodes)
+        return estimate.resident_fraction >= 1 and self.peak(nodes) <= usable_bytes(self.instance)
 
     def wall(self, nodes: int) -> float:
         return self(nodes).wall_seconds
@@ -114,7 +120,7 @@ class _Pricer:
         return self(nodes).dollars()["total"]
 
     def priced(self) -> tuple[PricedCount, ...]:
-        return tuple(PricedCount(n, self.wall(n), self.dollars(n), self.peak(n)) for n in sorted(self.estimates))
+        return tuple(PricedCount(n, self.wall(n), self.dollars(n), self.peak(n), self(n).resident_fraction) for n in sorted(self.estimates))
 
 
 def _memory_count(price: _Pricer, floor: int, limit: int) -> int:
