@@ -125,6 +125,10 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
 
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
                                      profile=load_profile()).as_dict()
+            # what a live view needs to tell the time left: each stage's predicted wall time
+            metrics.emit("estimate", wall_seconds=predicted["wall_seconds"],
+                         iterations=predicted["iterations"]["assumed"],
+                         stages=[{"name": s["name"], "wall_seconds": s["wall_seconds"]} for s in predicted["stages"]])
             executor = RayExecutor(spec.storage, cluster.node_ids, metrics)
             session = Session(executor, plan_options(spec, cluster_shape(cluster)))
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
@@ -151,6 +155,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
         output.write_text("report.html", report_html.render(report))
         kill_point("publish")
         manifest = output.commit()
+        metrics.emit("publish", uri=str(spec.output), run_id=manifest["run_id"], prefix=manifest["prefix"])
         store.clear()  # published: no run needs them now
     except BaseException:
         output.abandon()

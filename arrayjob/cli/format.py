@@ -6,7 +6,7 @@ from typing import Any
 
 from arrayjob.units import size
 
-__all__ = ["size", "summary"]
+__all__ = ["final_line", "size", "summary"]
 
 
 FIGURES = (
@@ -80,3 +80,15 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         figures(r, table=table),
     ]
     return "\n".join(lines)
+
+
+def final_line(outcome: Any) -> str:
+    """`arrayjob run --quiet`'s one line: what was fitted, how long it took, where it is."""
+    spec = outcome.spec
+    if outcome.skipped:
+        return summary(outcome)
+    r, m = outcome.report, outcome.manifest
+    fit = outcome.result.summary[0] if outcome.result.summary else outcome.description
+    return (f"{spec.name}: {fit}; wall {r['wall_seconds']:.2f} s; "
+            f"result {spec.output.join(m['prefix'])}/result.zarr (run {m['run_id']})")
+

@@ -81,6 +81,12 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @click.option("--restart", is_flag=True,
               help="Start the fit afresh: remove the checkpoints a dead run left instead of resuming from them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a summary.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the final line (and an error, if any).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="How the run's progress is told: text (a live view on a terminal, else plain lines) "
+                   "or one JSON object per event.")
+@click.option("--log-to", type=click.Choice(["stderr", "stdout"]), default="stderr", show_default=True,
+              help="Where the run's progress goes.")
 @tiling_option
 @fusion_option
 @placement_option
@@ -88,25 +94,41 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @instance_option
 @debug_option
 def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, restart: bool, as_json: bool,
-        tiling: str | None, fusion: str | None, placement: str | None, max_cost: float | None, instance_type: str,
-        debug: bool) -> None:
+        quiet: bool, log_format: str, log_to: str, tiling: str | None, fusion: str | None, placement: str | None,
+        max_cost: float | None, instance_type: str, debug: bool) -> None:
     """Run the job in SPEC and publish its result, report and _SUCCESS."""
     from arrayjob import runner
-    from arrayjob.cli.format import summary
+    from arrayjob.cli.format import final_line, summary
+    from arrayjob.cli.progress import consumer
+    from arrayjob.runtime.metrics import RunMetrics
     from arrayjob.spec import load_spec
 
+    if as_json and log_to == "stdout":
+        raise click.UsageError("--log-to stdout cannot be used with --json: stdout holds only the JSON report")
     job = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *_overrides(overrides)])
     if max_cost is not None:  # checked before anything starts
         _check_cost(_estimate(job, runner.prepare(job, check_chunks=True), nodes=1, instance_type=instance_type, iterations=None,
                               prices_path=None, profile_path=None), max_cost)
-    # Ray's driver prints what its raylets report (a node that died, a worker killed) to
-    # sys.stdout; stdout carries only the summary or the JSON report, so those go to stderr.
-    with contextlib.redirect_stdout(sys.stderr):
-        outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait, restart=restart,
-                             notify=lambda line: click.echo(f"arrayjob: {line}", err=True))
+    metrics = RunMetrics()
+    watcher = None if quiet else consumer(sys.stdout if log_to == "stdout" else sys.stderr, job=job.name,
+                                          log_format=log_format)
+    if watcher is not None:
+        metrics.listen(watcher)
+    try:
+        # Ray's driver prints what its raylets report (a node that died, a worker killed) to
+        # sys.stdout; stdout carries only the summary or the JSON report, so those go to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait,
+                                 restart=restart, metrics=metrics,
+                                 notify=(lambda line: None) if watcher is None else watcher.notice)
+    finally:
+        if watcher is not None:
+            watcher.close()
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
         click.echo(json.dumps(document, indent=2))
+    elif quiet:
+        click.echo(final_line(outcome))
     else:
         click.echo(summary(outcome, table=sys.stdout.isatty()))
 
