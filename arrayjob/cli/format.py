@@ -6,7 +6,7 @@ from typing import Any
 
 from arrayjob.units import size
 
-__all__ = ["final_line", "size", "summary"]
+__all__ = ["final_line", "published_summary", "size", "summary"]
 
 
 FIGURES = (
@@ -92,3 +92,34 @@ def final_line(outcome: Any) -> str:
     return (f"{spec.name}: {fit}; wall {r['wall_seconds']:.2f} s; "
             f"result {spec.output.join(m['prefix'])}/result.zarr (run {m['run_id']})")
 
+
+def _figure(value: Any) -> str:
+    """A result attribute as people read it: 4 significant digits, thousands separated."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.4g}" if value == 0 or 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
+
+
+def published_summary(output: Any, manifest: dict[str, Any], report: dict[str, Any], *, table: bool = False) -> str:
+    """What `arrayjob show` prints: the published run's summary, from its report.json."""
+    r = report
+    st = r["storage"]
+    stages = ", ".join(f"{s['name']} {s['wall_seconds']:.2f} s" for s in r["stages"])
+    result = ", ".join(f"{k.replace('_', ' ')} {_figure(v)}" for k, v in (r.get("result") or {}).items())
+    prefix = manifest.get("prefix", "")
+    where = output.join(prefix) if prefix else output
+    lines = [
+        f"{r['job']}: {r['algorithm']}, run {manifest.get('run_id', '?')}, published {manifest.get('committed_at', '?')}"
+        f" by arrayjob {manifest.get('arrayjob_version', '?')}",
+        f"  result: {result}" if result else "  result: (no figures)",
+        f"  wall {r['wall_seconds']:.2f} s: {stages}",
+        f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
+        f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
+        f"{r['tasks']['count']:,} tasks on {_nodes(r)}, {r['cluster']['cpus']} CPUs",
+        *faults_line(r),
+        f"  files: {where}/result.zarr; report.json, report.html beside it",
+        figures(r, table=True) if table else figures(r, table=False).replace("\n", "\n  ").join(["  ", ""]),
+    ]
+    return "\n".join(lines)

@@ -248,6 +248,27 @@ def estimate(spec: str, overrides: tuple[str, ...], nodes: int, instance_type: s
 
 
 @cli.command()
+@click.argument("output_uri")
+@click.option("--json", "as_json", is_flag=True, help="Print the published run's report.json as it is.")
+@click.option("--endpoint-url", help="S3-compatible endpoint [default: AWS_ENDPOINT_URL, else AWS].")
+@click.option("--aws-profile", help="Named AWS profile for the credentials [default: the standard chain].")
+@debug_option
+def show(output_uri: str, as_json: bool, endpoint_url: str | None, aws_profile: str | None, debug: bool) -> None:
+    """Summarise the run published at OUTPUT_URI (the job's output.uri), from its report.json."""
+    from arrayjob.cli.format import published_summary
+    from arrayjob.io.locations import StorageOptions, parse_uri
+    from arrayjob.io.output import read_published_report
+
+    location = parse_uri(output_uri, key="OUTPUT_URI")
+    options = StorageOptions(endpoint_url=endpoint_url, profile=aws_profile)
+    manifest, report = read_published_report(location, options)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(published_summary(location, manifest, report, table=sys.stdout.isatty()))
+
+
+@cli.command()
 @click.option("--bucket", default=".arrayjob/bucket", show_default=True, help="Bucket URI to measure.")
 @click.option("--output", type=click.Path(dir_okay=False), help="Where to save [default: .arrayjob/profile.json].")
 @set_option
