@@ -123,8 +123,9 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
                 cluster = stack.enter_context(ray_cluster(spec.cluster, before_exit=output.give_up))
             from arrayjob.runtime.ray_executor import RayExecutor
 
+            profile = load_profile()
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
-                                     profile=load_profile()).as_dict()
+                                     profile=profile).as_dict()
             # what a live view needs to tell the time left: each stage's predicted wall time
             metrics.emit("estimate", wall_seconds=predicted["wall_seconds"],
                          iterations=predicted["iterations"]["assumed"],
@@ -142,9 +143,17 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str = "local",
             kill_point("write")
             executor.check_nodes()  # a node lost up to here is in the report
         metrics.fault("storage_retry", storage_retries() - retries)
+        # an iterative job rarely runs the max_iter iterations the estimate assumed: price the
+        # iterations it ran too, so the report compares like with like
+        ran = result.attrs.get("iterations")
+        rescaled = None
+        if isinstance(ran, int) and ran > 0 and ran != predicted["iterations"]["assumed"]:
+            rescaled = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
+                                    profile=profile, iterations=ran).as_dict()
+            rescaled["iterations"]["from"] = "the iterations the run did"
         report = build_report(
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
-            instance=instance, prices=prices, estimate=predicted,
+            instance=instance, prices=prices, estimate=predicted, estimate_rescaled=rescaled,
         )
         resumed = checkpoints.resumed
         report["checkpoints"] = {

@@ -40,6 +40,15 @@ def _check_shown(output: str, endpoint: str | None, args: list[str], capsys) -> 
     assert lines[2].startswith(f"  wall {report['wall_seconds']:.2f} s: validate ")
     assert f"  files: {run_prefix}/result.zarr; report.json, report.html beside it" in lines
     assert any(line.startswith("  tasks.count=") for line in lines)
+    # the fit stopped before max_iter (100): the estimate for the iterations it ran is beside the first
+    assert report["estimate"]["iterations"]["assumed"] == 100 and result["iterations"] < 100
+    assert report["estimate_rescaled"]["iterations"]["assumed"] == result["iterations"]
+    assert report["estimate_rescaled"]["tasks"]["count"] < report["estimate"]["tasks"]["count"]
+    assert [s["name"] for s in report["stages"]] == ["validate", "connect", "load", "fit", "write"]
+    starts = [s["start_seconds"] for s in report["stages"]]
+    assert starts == sorted(starts) and all(
+        s["start_seconds"] + s["wall_seconds"] <= n["start_seconds"] + 1e-3
+        for s, n in zip(report["stages"], report["stages"][1:], strict=False))
 
 
 @pytest.mark.ray

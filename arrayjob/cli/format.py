@@ -24,21 +24,32 @@ FIGURES = (
 
 
 def figures(report: dict[str, Any], *, table: bool) -> str:
-    """The report's figures beside the estimate: a table for a terminal, else one per line."""
+    """The report's figures beside the estimate: a table for a terminal, else one per line.
+    When an iterative job ran fewer iterations than the estimate assumed, the estimate for
+    the iterations it ran stands beside it and the error is against that one."""
     from arrayjob.report.build import lookup
 
     estimate = report.get("estimate") or {}
-    errors = report.get("estimate_error") or {}
+    rescaled = report.get("estimate_rescaled")
+    errors = (report.get("estimate_rescaled_error") if rescaled else report.get("estimate_error")) or {}
     rows = []
     for key, label, fmt in FIGURES:
         actual, predicted, error = lookup(report, key), lookup(estimate, key), errors.get(key)
+        again = lookup(rescaled, key) if rescaled else None
         rows.append((label, "" if actual is None else fmt(actual), "" if predicted is None else fmt(predicted),
-                     "" if error is None else f"{error:+.0%}", key))
+                     "" if again is None else fmt(again), "" if error is None else f"{error:+.0%}", key))
+    ran = lookup(rescaled, "iterations.assumed") if rescaled else None
     if not table:
-        return "\n".join(f"{key}={a} (estimate {e}{', ' + err if err else ''})" for _, a, e, err, key in rows)
+        return "\n".join(f"{key}={a} (estimate {e}" + (f"; for the {ran} iterations run {r}" if ran else "")
+                         + f"{', ' + err if err else ''})" for _, a, e, r, err, key in rows)
     width = max(len(r[0]) for r in rows)
-    lines = [f"  {'':<{width}}  {'actual':>14}  {'estimate':>14}  {'error':>6}"]
-    lines += [f"  {label:<{width}}  {a:>14}  {e:>14}  {err:>6}" for label, a, e, err, _ in rows]
+    if ran:
+        head = f"{'for ' + str(ran) + ' iter.':>14}  "
+        lines = [f"  {'':<{width}}  {'actual':>14}  {'estimate':>14}  {head}{'error':>6}"]
+        lines += [f"  {label:<{width}}  {a:>14}  {e:>14}  {r:>14}  {err:>6}" for label, a, e, r, err, _ in rows]
+    else:
+        lines = [f"  {'':<{width}}  {'actual':>14}  {'estimate':>14}  {'error':>6}"]
+        lines += [f"  {label:<{width}}  {a:>14}  {e:>14}  {err:>6}" for label, a, e, _, err, _ in rows]
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from arrayjob.io.locations import StorageCounters
 class Stage:
     name: str
     wall_seconds: float = 0.0
+    start_seconds: float = 0.0  # since the run started, as the timeline counts
     tasks: int = 0
     storage: StorageCounters = field(default_factory=StorageCounters)
 
@@ -118,6 +119,7 @@ class RunMetrics:
         self.stages.append(stage)
         outer, self._current = self._current, stage
         start = time.perf_counter()
+        stage.start_seconds = start - self.started
         self.emit("stage_start")
         ok = False
         try:
