@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 BUCKET ?= .arrayjob/bucket
 DEMO   := $(BUCKET)/demo/logreg
 
-.PHONY: demo test test-autoscale bench lint clean
+.PHONY: demo test test-autoscale bench lint clean check-report
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,21 @@ bench: $(VENV)/.installed-bench
 		--markdown .arrayjob/bench/bench-$(BENCH_SIZE).md $(BENCH_ARGS)
 	$(BIN)/python benchmarks/outofcore.py --size $(BENCH_SIZE) --json .arrayjob/bench/outofcore-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/outofcore-$(BENCH_SIZE).md
+
+# report.html as a person sees it: the demo's published report rendered by headless Chromium
+# (Debian's package, installed if missing; the page runs no JavaScript), saved as a PNG.
+REPORT_PNG ?= .arrayjob/report.png
+REPORT_SIZE ?= 900,2400
+check-report: demo
+	command -v chromium >/dev/null || apt-get install -y chromium
+	page="$$($(BIN)/python -c 'import json, os, sys; out = sys.argv[1]; \
+	  prefix = json.load(open(os.path.join(out, "_SUCCESS")))["prefix"]; \
+	  print(os.path.abspath(os.path.join(out, prefix, "report.html")))' $(BUCKET)/results/logreg-demo)"; \
+	profile="$$(mktemp -d)"; \
+	chromium --headless --no-sandbox --disable-gpu --disable-background-networking --disable-component-update \
+	  --disable-sync --no-first-run --user-data-dir="$$profile" --hide-scrollbars \
+	  --screenshot="$(abspath $(REPORT_PNG))" --window-size=$(REPORT_SIZE) "file://$$page" 2>/dev/null; \
+	status=$$?; rm -rf "$$profile"; test $$status -eq 0 && test -s $(REPORT_PNG) && echo "rendered $$page -> $(REPORT_PNG)"
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

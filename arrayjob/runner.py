@@ -190,6 +190,10 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             profile = load_profile()
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
                                      profile=profile, store_bytes=cluster.object_store_per_node).as_dict()
+            # what a live view needs to tell the time left: each stage's predicted wall time
+            metrics.emit("estimate", wall_seconds=predicted["wall_seconds"],
+                         iterations=predicted["iterations"]["assumed"],
+                         stages=[{"name": s["name"], "wall_seconds": s["wall_seconds"]} for s in predicted["stages"]])
             # a sized cluster's nodes may come and go: each program is planned on those alive then
             executor = RayExecutor(spec.storage, cluster.node_ids, metrics, follow_nodes=scaling,
                                    relocate=relocation(profile))
@@ -210,9 +214,18 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             kill_point("write")
             executor.check_nodes()  # a node lost up to here is in the report
         metrics.fault("storage_retry", storage_retries() - retries)
+        # an iterative job rarely runs the max_iter iterations the estimate assumed: price the
+        # iterations it ran too, so the report compares like with like
+        ran = result.attrs.get("iterations")
+        rescaled = None
+        if isinstance(ran, int) and ran > 0 and ran != predicted["iterations"]["assumed"]:
+            rescaled = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
+                                    profile=profile, iterations=ran,
+                                    store_bytes=cluster.object_store_per_node).as_dict()
+            rescaled["iterations"]["from"] = "the iterations the run did"
         report = build_report(
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
-            instance=instance, prices=prices, estimate=predicted,
+            instance=instance, prices=prices, estimate=predicted, estimate_rescaled=rescaled,
         )
         if choice is not None and scaling:
             report["nodes"]["requested"] = choice.nodes
@@ -226,6 +239,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         output.write_text("report.html", report_html.render(report))
         kill_point("publish")
         manifest = output.commit()
+        metrics.emit("publish", uri=str(spec.output), run_id=manifest["run_id"], prefix=manifest["prefix"])
         store.clear()  # published: no run needs them now
     except BaseException:
         output.abandon()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,19 @@ def write_spec(path: Path, *, inputs: dict[str, str], output: str, algorithm: st
     body += textwrap.dedent(extra)
     path.write_text(body)
     return path
+
+
+# a run's progress line off a terminal: "arrayjob: [   6.09 s] load done in 1.3 s, 8/8 blocks, ..."
+PROGRESS_LINE = re.compile(r"arrayjob: \[ *\d+\.\d\d s\] .+")
+
+
+def without_progress(err: str) -> str:
+    """``err`` without the run's progress lines: what a test of a run's errors or noise
+    compares (an error is the one line left, and the last)."""
+    lines = err.splitlines(keepends=True)
+    rest = [line for line in lines if not PROGRESS_LINE.fullmatch(line.rstrip("\n"))]
+    assert not rest or not lines or lines[-1] == rest[-1] or not rest[-1].startswith("arrayjob: error"), err
+    return "".join(rest)
 
 
 def run_cli(args: list[str], capsys: Any) -> tuple[int, str, str]:

@@ -21,6 +21,7 @@ from tests.helpers import (
     read_group,
     read_result,
     run_cli,
+    without_progress,
     write_array,
     write_spec,
 )
@@ -119,7 +120,7 @@ def test_run_matches_sklearn_end_to_end(bucket, workdir, capsys, solver):
                       output=f"{base}/out", params=f'solver = "{solver}"\nl2 = {l2}\ntol = 1e-8\n',
                       storage=storage)
     code, out, err = run_cli(["run", str(spec)], capsys)
-    assert (code, err) == (0, "")
+    assert (code, without_progress(err)) == (0, "")
     run_prefix = published(f"{base}/out", endpoint)
     assert "converged in" in out and f"{run_prefix}/result.zarr" in out
 
@@ -189,7 +190,7 @@ def test_failure_after_writing_leaves_no_success_and_rerun_recovers(workdir, cap
     with monkeypatch.context() as patch:
         patch.setattr(output.JobOutput, "write_json", fail)
         code, out, err = run_cli(["run", str(spec)], capsys)
-    assert code == 4 and err == "arrayjob: error: output: writing report.json failed: disk full (injected)\n"
+    assert code == 4 and without_progress(err) == "arrayjob: error: output: writing report.json failed: disk full (injected)\n"
     # result.zarr had been written (to staging) when the failure came; nothing is left behind
     assert staged and not (workdir / "out").exists()
 
@@ -215,7 +216,7 @@ def test_bad_data_is_one_line_exit_2_nothing_written(workdir, capsys, name, corr
     spec = write_spec(workdir / "s.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out")
     code, out, err = run_cli(["run", str(spec)], capsys)
     assert (code, out) == (2, "")
-    assert err == f"arrayjob: error: {expected.format(cwd=workdir)}\n"
+    assert without_progress(err) == f"arrayjob: error: {expected.format(cwd=workdir)}\n"
     assert not (workdir / "out").exists()
 
 
@@ -232,5 +233,6 @@ def test_corrupt_chunk_is_one_line_exit_2(workdir, capsys):
     spec = write_spec(workdir / "s.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out")
     code, out, err = run_cli(["run", str(spec)], capsys)
     assert (code, out) == (2, "")
+    err = without_progress(err)
     assert err.startswith("arrayjob: error: inputs.X: chunk (2, 0) (key 'c/2/0') of ") and " is corrupt: " in err
     assert err.count("\n") == 1 and not (workdir / "out").exists()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from arrayjob.spec import interpolate, load_spec, parse_override
-from tests.helpers import run_cli, write_array
+from tests.helpers import run_cli, without_progress, write_array
 
 GOOD = """\
 [job]
@@ -187,5 +187,5 @@ def test_kmeans_k_over_distinct_rows_is_one_line_exit_2(workdir, capsys, init):
                       params=f'k = 5\ninit = "{init}"\n')
     code, out, err = run_cli(["run", str(spec)], capsys)
     assert (code, out) == (2, "")
-    assert err == "arrayjob: error: params.k: 5 clusters but inputs.X has only 3 distinct rows\n"
+    assert without_progress(err) == "arrayjob: error: params.k: 5 clusters but inputs.X has only 3 distinct rows\n"
     assert not (workdir / "out" / "_SUCCESS").exists()

@@ -6,7 +6,7 @@ from typing import Any
 
 from arrayjob.units import size
 
-__all__ = ["size", "summary"]
+__all__ = ["final_line", "published_summary", "size", "summary"]
 
 
 FIGURES = (
@@ -24,21 +24,32 @@ FIGURES = (
 
 
 def figures(report: dict[str, Any], *, table: bool) -> str:
-    """The report's figures beside the estimate: a table for a terminal, else one per line."""
+    """The report's figures beside the estimate: a table for a terminal, else one per line.
+    When an iterative job ran fewer iterations than the estimate assumed, the estimate for
+    the iterations it ran stands beside it and the error is against that one."""
     from arrayjob.report.build import lookup
 
     estimate = report.get("estimate") or {}
-    errors = report.get("estimate_error") or {}
+    rescaled = report.get("estimate_rescaled")
+    errors = (report.get("estimate_rescaled_error") if rescaled else report.get("estimate_error")) or {}
     rows = []
     for key, label, fmt in FIGURES:
         actual, predicted, error = lookup(report, key), lookup(estimate, key), errors.get(key)
+        again = lookup(rescaled, key) if rescaled else None
         rows.append((label, "" if actual is None else fmt(actual), "" if predicted is None else fmt(predicted),
-                     "" if error is None else f"{error:+.0%}", key))
+                     "" if again is None else fmt(again), "" if error is None else f"{error:+.0%}", key))
+    ran = lookup(rescaled, "iterations.assumed") if rescaled else None
     if not table:
-        return "\n".join(f"{key}={a} (estimate {e}{', ' + err if err else ''})" for _, a, e, err, key in rows)
+        return "\n".join(f"{key}={a} (estimate {e}" + (f"; for the {ran} iterations run {r}" if ran else "")
+                         + f"{', ' + err if err else ''})" for _, a, e, r, err, key in rows)
     width = max(len(r[0]) for r in rows)
-    lines = [f"  {'':<{width}}  {'actual':>14}  {'estimate':>14}  {'error':>6}"]
-    lines += [f"  {label:<{width}}  {a:>14}  {e:>14}  {err:>6}" for label, a, e, err, _ in rows]
+    if ran:
+        head = f"{'for ' + str(ran) + ' iter.':>14}  "
+        lines = [f"  {'':<{width}}  {'actual':>14}  {'estimate':>14}  {head}{'error':>6}"]
+        lines += [f"  {label:<{width}}  {a:>14}  {e:>14}  {r:>14}  {err:>6}" for label, a, e, r, err, _ in rows]
+    else:
+        lines = [f"  {'':<{width}}  {'actual':>14}  {'estimate':>14}  {'error':>6}"]
+        lines += [f"  {label:<{width}}  {a:>14}  {e:>14}  {err:>6}" for label, a, e, _, err, _ in rows]
     return "\n".join(lines)
 
 
@@ -91,5 +102,48 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         f"  result: {spec.output.join(outcome.manifest['prefix'])}/result.zarr (run {outcome.manifest['run_id']}); "
         "report.json, report.html beside it",
         figures(r, table=table),
+    ]
+    return "\n".join(lines)
+
+
+def final_line(outcome: Any) -> str:
+    """`arrayjob run --quiet`'s one line: what was fitted, how long it took, where it is."""
+    spec = outcome.spec
+    if outcome.skipped:
+        return summary(outcome)
+    r, m = outcome.report, outcome.manifest
+    fit = outcome.result.summary[0] if outcome.result.summary else outcome.description
+    return (f"{spec.name}: {fit}; wall {r['wall_seconds']:.2f} s; "
+            f"result {spec.output.join(m['prefix'])}/result.zarr (run {m['run_id']})")
+
+
+def _figure(value: Any) -> str:
+    """A result attribute as people read it: 4 significant digits, thousands separated."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.4g}" if value == 0 or 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
+
+
+def published_summary(output: Any, manifest: dict[str, Any], report: dict[str, Any], *, table: bool = False) -> str:
+    """What `arrayjob show` prints: the published run's summary, from its report.json."""
+    r = report
+    st = r["storage"]
+    stages = ", ".join(f"{s['name']} {s['wall_seconds']:.2f} s" for s in r["stages"])
+    result = ", ".join(f"{k.replace('_', ' ')} {_figure(v)}" for k, v in (r.get("result") or {}).items())
+    prefix = manifest.get("prefix", "")
+    where = output.join(prefix) if prefix else output
+    lines = [
+        f"{r['job']}: {r['algorithm']}, run {manifest.get('run_id', '?')}, published {manifest.get('committed_at', '?')}"
+        f" by arrayjob {manifest.get('arrayjob_version', '?')}",
+        f"  result: {result}" if result else "  result: (no figures)",
+        f"  wall {r['wall_seconds']:.2f} s: {stages}",
+        f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
+        f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
+        f"{r['tasks']['count']:,} tasks on {_nodes(r)}, {r['cluster']['cpus']} CPUs",
+        *faults_line(r),
+        f"  files: {where}/result.zarr; report.json, report.html beside it",
+        figures(r, table=True) if table else figures(r, table=False).replace("\n", "\n  ").join(["  ", ""]),
     ]
     return "\n".join(lines)

@@ -100,6 +100,12 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @click.option("--restart", is_flag=True,
               help="Start the fit afresh: remove the checkpoints a dead run left instead of resuming from them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a summary.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the final line (and an error, if any).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="How the run's progress is told: text (a live view on a terminal, else plain lines) "
+                   "or one JSON object per event.")
+@click.option("--log-to", type=click.Choice(["stderr", "stdout"]), default="stderr", show_default=True,
+              help="Where the run's progress goes.")
 @tiling_option
 @fusion_option
 @placement_option
@@ -109,8 +115,9 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
 @estimate_instance_option
 @debug_option
 def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, restart: bool, as_json: bool,
-        tiling: str | None, fusion: str | None, placement: str | None, max_cost: float | None, nodes: int | None,
-        deadline: float | None, instance_type: str | None, debug: bool) -> None:
+        quiet: bool, log_format: str, log_to: str, tiling: str | None, fusion: str | None, placement: str | None,
+        max_cost: float | None, nodes: int | None, deadline: float | None, instance_type: str | None,
+        debug: bool) -> None:
     """Run the job in SPEC and publish its result, report and _SUCCESS.
 
     With cluster.max_nodes, --nodes or --deadline the job sizes its cluster: it asks the
@@ -118,20 +125,36 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, r
     gives the nodes back when it ends.
     """
     from arrayjob import runner
-    from arrayjob.cli.format import summary
+    from arrayjob.cli.format import final_line, summary
+    from arrayjob.cli.progress import consumer
+    from arrayjob.runtime.metrics import RunMetrics
     from arrayjob.spec import load_spec
 
+    if as_json and log_to == "stdout":
+        raise click.UsageError("--log-to stdout cannot be used with --json: stdout holds only the JSON report")
     job = load_spec(spec, [*_planner_overrides(tiling, fusion, placement), *_overrides(overrides)])
-    # Ray's driver prints what its raylets report (a node that died, a worker killed) to
-    # sys.stdout; stdout carries only the summary or the JSON report, so those go to stderr.
-    with contextlib.redirect_stdout(sys.stderr):
-        outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait, restart=restart,
-                             notify=lambda line: click.echo(f"arrayjob: {line}", err=True), nodes=nodes,
-                             deadline=deadline,
-                             check_cost=None if max_cost is None else lambda est: _check_cost(est, max_cost))
+    metrics = RunMetrics()
+    watcher = None if quiet else consumer(sys.stdout if log_to == "stdout" else sys.stderr, job=job.name,
+                                          log_format=log_format)
+    if watcher is not None:
+        metrics.listen(watcher)
+    try:
+        # Ray's driver prints what its raylets report (a node that died, a worker killed) to
+        # sys.stdout; stdout carries only the summary or the JSON report, so those go to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            outcome = runner.run(job, overwrite=overwrite, instance_type=instance_type, wait=not no_wait,
+                                 restart=restart, metrics=metrics,
+                                 notify=(lambda line: None) if watcher is None else watcher.notice,
+                                 nodes=nodes, deadline=deadline,
+                                 check_cost=None if max_cost is None else lambda est: _check_cost(est, max_cost))
+    finally:
+        if watcher is not None:
+            watcher.close()
     if as_json:
         document = outcome.report or {"job": job.name, "already_complete": True, "manifest": outcome.manifest}
         click.echo(json.dumps(document, indent=2))
+    elif quiet:
+        click.echo(final_line(outcome))
     else:
         click.echo(summary(outcome, table=sys.stdout.isatty()))
 
@@ -260,6 +283,27 @@ def estimate(spec: str, overrides: tuple[str, ...], nodes: int | None, deadline:
         click.echo(table(est, choice.line))
     _warn(est.memory_warning)
     _check_cost(est, max_cost)
+
+
+@cli.command()
+@click.argument("output_uri")
+@click.option("--json", "as_json", is_flag=True, help="Print the published run's report.json as it is.")
+@click.option("--endpoint-url", help="S3-compatible endpoint [default: AWS_ENDPOINT_URL, else AWS].")
+@click.option("--aws-profile", help="Named AWS profile for the credentials [default: the standard chain].")
+@debug_option
+def show(output_uri: str, as_json: bool, endpoint_url: str | None, aws_profile: str | None, debug: bool) -> None:
+    """Summarise the run published at OUTPUT_URI (the job's output.uri), from its report.json."""
+    from arrayjob.cli.format import published_summary
+    from arrayjob.io.locations import StorageOptions, parse_uri
+    from arrayjob.io.output import read_published_report
+
+    location = parse_uri(output_uri, key="OUTPUT_URI")
+    options = StorageOptions(endpoint_url=endpoint_url, profile=aws_profile)
+    manifest, report = read_published_report(location, options)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(published_summary(location, manifest, report, table=sys.stdout.isatty()))
 
 
 @cli.command()

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from arrayjob import __version__
-from arrayjob.errors import SpecError, StorageError
-from arrayjob.io.backend import StorageBackend, backend_for
+from arrayjob.errors import InputError, SpecError, StorageError
+from arrayjob.io.backend import StorageBackend, backend_for, describe_failure
 from arrayjob.io.lease import LEASES, Lease
 from arrayjob.io.locations import Location, StorageCounters, StorageOptions
 
@@ -67,6 +67,53 @@ def published(location: Location, options: StorageOptions) -> Location | None:
     if done is None:
         return None
     return location.join(done.prefix) if done.prefix else location
+
+
+def read_published_report(location: Location, options: StorageOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``_SUCCESS`` manifest at ``location`` and the report.json of the run it names, read
+    as every reader reads: the manifest, then the prefix it names; a report gone meanwhile (the
+    output was replaced) means reading the manifest again, once.
+
+    Nothing published there (no ``_SUCCESS``, no such bucket), or a manifest or report that is
+    not JSON: ``InputError`` (exit 2); storage that refuses or does not answer:
+    ``StorageError`` (exit 4)."""
+    backend = backend_for(location, options)
+    try:
+        backend.check_reachable()  # an endpoint that does not answer fails in seconds, not minutes of retries
+    except (FileNotFoundError, NotADirectoryError) as exc:  # no bucket there, a file there
+        raise InputError(f"{location}: nothing published there: {exc}") from None
+    except OSError as exc:
+        raise StorageError(f"{location}: {exc}") from None
+    for attempt in range(2):
+        try:
+            manifest_bytes = backend.read_bytes(SUCCESS)
+        except FileNotFoundError:
+            raise InputError(f"{location}: nothing published there (no {SUCCESS}; a run publishes it last)") from None
+        except OSError as exc:
+            raise StorageError(f"{location}: cannot read {SUCCESS}: {describe_failure(exc)}") from None
+        try:
+            manifest = json.loads(manifest_bytes)
+            prefix = str(manifest.get("prefix", ""))
+        except (ValueError, AttributeError):
+            raise InputError(f"{location}/{SUCCESS}: not a manifest arrayjob wrote (not a JSON object)") from None
+        key = f"{prefix}/report.json" if prefix else "report.json"
+        try:
+            report_bytes = backend.read_bytes(key)
+        except FileNotFoundError:
+            if attempt == 0:
+                continue  # replaced while we read: the new manifest names the new run
+            raise InputError(f"{location}: {SUCCESS} names run {manifest.get('run_id', '?')}, "
+                             f"but {key} is missing") from None
+        except OSError as exc:
+            raise StorageError(f"{location}: cannot read {key}: {describe_failure(exc)}") from None
+        try:
+            report = json.loads(report_bytes)
+            if not isinstance(report, dict):
+                raise ValueError
+        except ValueError:
+            raise InputError(f"{location}/{key}: not a report arrayjob wrote (not a JSON object)") from None
+        return manifest, report
+    raise AssertionError("unreachable")
 
 
 def check_room(location: Location, expected_bytes: int, free: int | None) -> None:

@@ -169,6 +169,7 @@ class KMeans(Job):
                 updated = np.where(counts[:, None] > 0, r["sums"] / np.maximum(counts, 1)[:, None], centroids)
                 shift = float(((updated - centroids) ** 2).sum())
                 centroids, iterations, done = updated, iterations + 1, shift <= tol
+                ctx.metrics.iteration(iterations, p.max_iter, shift=shift, tol=tol)
                 ctx.checkpoints.tick(iterations, {"centroids": centroids, "iteration": iterations, "done": done})
             values = {"centroids": centroids, "centroid_sq": (centroids**2).sum(1), "cluster_ids": ids}
             arrays = {"centroids": centroids}

@@ -25,7 +25,6 @@ import numpy as np
 import scipy.linalg
 
 from arrayjob import lazy as la
-from arrayjob.io.checkpoint import Checkpoints
 from arrayjob.jobs import lbfgs
 from arrayjob.jobs.base import (
     Job,
@@ -115,7 +114,7 @@ class LogisticRegression(Job):
             ctx.session.load(program)
         with ctx.metrics.stage(plan.stage_of("evaluate")):
             evaluate = _Evaluator(ctx, program, n, d, p)
-            theta, iterations = (self._lbfgs if p.solver == "lbfgs" else self._newton)(evaluate, d, ctx.checkpoints)
+            theta, iterations = (self._lbfgs if p.solver == "lbfgs" else self._newton)(evaluate, d, ctx)
             objective, grad, _ = evaluate(theta)
         grad_norm = float(np.linalg.norm(grad))
         converged = grad_norm <= p.tol
@@ -139,9 +138,9 @@ class LogisticRegression(Job):
     def _initial(self, d: int) -> np.ndarray:
         return np.zeros(d + 1 if self.params.fit_intercept else d)
 
-    def _lbfgs(self, evaluate: _Evaluator, d: int, checkpoints: Checkpoints) -> tuple[np.ndarray, int]:
+    def _lbfgs(self, evaluate: _Evaluator, d: int, ctx: JobContext) -> tuple[np.ndarray, int]:
         """L-BFGS (``jobs.lbfgs``), its whole state checkpointed after each iteration when due."""
-        p = self.params
+        p, checkpoints = self.params, ctx.checkpoints
 
         def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
             loss, grad, _ = evaluate(theta)
@@ -155,15 +154,17 @@ class LogisticRegression(Job):
             state = lbfgs.LBFGSState.start(self._initial(d), fun)
 
         def save(state: lbfgs.LBFGSState) -> None:
+            ctx.metrics.iteration(state.iteration, p.max_iter, objective=state.f,
+                                  gradient_norm=float(np.linalg.norm(state.g)))
             checkpoints.tick(state.iteration, state.as_dict() | {"evaluations": evaluate.evaluations})
 
         state = lbfgs.minimize(fun, state, tol=p.tol, max_iter=p.max_iter, on_iteration=save)
         return state.x, state.iteration
 
-    def _newton(self, evaluate: _Evaluator, d: int, checkpoints: Checkpoints) -> tuple[np.ndarray, int]:
+    def _newton(self, evaluate: _Evaluator, d: int, ctx: JobContext) -> tuple[np.ndarray, int]:
         """Newton's method with a backtracking (Armijo) line search; one pass per trial point.
         Its state (iterate, f, g, Hessian, counters) is checkpointed after each iteration when due."""
-        p = self.params
+        p, checkpoints = self.params, ctx.checkpoints
         saved = checkpoints.restore()
         if saved is not None:
             st = saved.state
@@ -191,6 +192,7 @@ class LogisticRegression(Job):
                 break  # no decrease possible at machine precision
             theta, loss, grad, hess = trial, trial_loss, trial_grad, trial_hess
             iterations += 1
+            ctx.metrics.iteration(iterations, p.max_iter, objective=loss, gradient_norm=float(np.linalg.norm(grad)))
             checkpoints.tick(iterations, {"theta": theta, "loss": loss, "grad": grad, "hess": hess,
                                           "iteration": iterations, "evaluations": evaluate.evaluations})
         return theta, iterations

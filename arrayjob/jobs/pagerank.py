@@ -454,6 +454,7 @@ class PageRank(Job):
                 r = ctx.session.compute(step, {"rank": rank, "base": base})
                 rank, (delta, dangling_mass) = r["rank"], (float(v) for v in r["stats"].sum(axis=0))
                 iterations, converged = iterations + 1, delta <= p.tol
+                ctx.metrics.iteration(iterations, p.max_iter, l1_change=delta, tol=p.tol)
                 ctx.checkpoints.tick(iterations, {"rank": rank, "dangling_mass": dangling_mass, "l1_change": delta,
                                                   "iteration": iterations, "converged": converged})
         ctx.session.release(graph)

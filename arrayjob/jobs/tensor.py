@@ -183,6 +183,7 @@ class CPALS(Job):
                 fit = 1.0 - error
                 done = previous_error is not None and abs(previous_error - error) < p.tol
                 previous_error = error
+                ctx.metrics.iteration(iterations, p.max_iter, fit=fit)
                 ctx.checkpoints.tick(iterations, {"A": factors[0], "B": factors[1], "C": factors[2], "fit": fit,
                                                   "previous_error": float(error), "iteration": iterations,
                                                   "done": bool(done)})

@@ -62,7 +62,11 @@ def build_report(
     instance: Instance | None = None,
     prices: PriceTable | None = None,
     estimate: dict[str, Any] | None = None,
+    estimate_rescaled: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The report of one run. ``estimate`` is the prediction made before it started;
+    ``estimate_rescaled``, for an iterative job that ran another number of iterations than
+    that prediction assumed, the same prediction for the iterations it really ran."""
     nodes = list(cluster.node_ids)
     peak = metrics.peak_object_store_bytes_per_node
     node_seconds = wall_seconds * max(1, len(nodes))
@@ -87,6 +91,7 @@ def build_report(
         "stages": [
             {
                 "name": s.name,
+                "start_seconds": round(s.start_seconds, 4),
                 "wall_seconds": round(s.wall_seconds, 4),
                 "tasks": s.tasks,
                 **{f"storage.{k}": v for k, v in s.storage.as_dict().items()},
@@ -140,4 +145,7 @@ def build_report(
     if estimate is not None:
         report["estimate"] = estimate
         report["estimate_error"] = estimate_errors(report, estimate)
+    if estimate_rescaled is not None:
+        report["estimate_rescaled"] = estimate_rescaled
+        report["estimate_rescaled_error"] = estimate_errors(report, estimate_rescaled)
     return report

@@ -1,11 +1,18 @@
-"""What really happened during a run, counted where it happens."""
+"""What really happened during a run, counted where it happens, and told as it happens.
+
+Besides counting, ``RunMetrics`` tells a listener (``RunMetrics.listen``) each event of the
+run as a ``ProgressEvent``: a stage starting and ending, input blocks loaded, an iteration
+done, a retry, a node lost or joined, the result published. The command line turns them
+into a live view, plain lines or JSON lines (``cli.progress``); the counts in the report
+do not depend on anyone listening.
+"""
 
 from __future__ import annotations
 
 import resource
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -16,6 +23,7 @@ from arrayjob.io.locations import StorageCounters
 class Stage:
     name: str
     wall_seconds: float = 0.0
+    start_seconds: float = 0.0  # since the run started, as the timeline counts
     tasks: int = 0
     storage: StorageCounters = field(default_factory=StorageCounters)
 
@@ -34,6 +42,27 @@ class Faults:
         return {"nodes_lost": len(self.nodes_lost), "lost_node_ids": list(self.nodes_lost),
                 "blocks_reconstructed": self.blocks_reconstructed, "task_retries": self.task_retries,
                 "storage_retries": self.storage_retries, "events": list(self.events)}
+
+
+EVENT_KINDS = ("stage_start", "stage_end", "estimate", "blocks", "iteration", "retry", "node_lost", "node_joined",
+               "publish")
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One thing that happened in a run: its ``kind`` (one of ``EVENT_KINDS``), seconds since
+    the run started, the stage it happened in, and the kind's own figures."""
+
+    kind: str
+    seconds: float
+    stage: str | None
+    data: dict[str, object] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"event": self.kind, "seconds": self.seconds, "stage": self.stage, **self.data}
+
+
+Listener = Callable[[ProgressEvent], None]
 
 
 @dataclass
@@ -138,6 +167,30 @@ class RunMetrics:
     started: float = field(default_factory=time.perf_counter)
     nodes: NodeLog | None = None  # set when the run sizes its cluster: which nodes, when
     _current: Stage | None = None
+    _listeners: list[Listener] = field(default_factory=list)
+
+    # -- events ------------------------------------------------------------------------------
+    def listen(self, listener: Listener) -> None:
+        """Tell ``listener`` every event of this run from now on, in the driver's thread."""
+        self._listeners.append(listener)
+
+    def emit(self, kind: str, **data: object) -> None:
+        """Tell the listeners that ``kind`` happened now (``EVENT_KINDS``), with ``data``."""
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown event kind {kind!r}")
+        if not self._listeners:
+            return
+        event = ProgressEvent(kind, round(time.perf_counter() - self.started, 3), self.current_stage, data)
+        for listener in self._listeners:
+            listener(event)
+
+    def iteration(self, iteration: int, max_iter: int, *, objective: float | None = None,
+                  gradient_norm: float | None = None, **figures: float) -> None:
+        """An iterative job finished ``iteration`` (counted from 1) of at most ``max_iter``;
+        ``objective`` and ``gradient_norm`` where the algorithm has them, else its own
+        convergence figures (``l1_change``, ``fit``, ``shift``)."""
+        self.emit("iteration", iteration=iteration, max_iter=max_iter, objective=_plain(objective),
+                  gradient_norm=_plain(gradient_norm), **{k: _plain(v) for k, v in figures.items()})
 
     @contextmanager
     def stage(self, name: str) -> Iterator[Stage]:
@@ -145,10 +198,17 @@ class RunMetrics:
         self.stages.append(stage)
         outer, self._current = self._current, stage
         start = time.perf_counter()
+        stage.start_seconds = start - self.started
+        self.emit("stage_start")
+        ok = False
         try:
             yield stage
+            ok = True
         finally:
             stage.wall_seconds = time.perf_counter() - start
+            if ok:  # a failed stage ends in the error's one line, not in a stage line
+                self.emit("stage_end", wall_seconds=round(stage.wall_seconds, 4), tasks=stage.tasks,
+                          bytes_read=stage.storage.bytes_read, bytes_written=stage.storage.bytes_written)
             self._current = outer
 
     @property
@@ -182,6 +242,10 @@ class RunMetrics:
             f.storage_retries += count
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
+        if kind == "node_lost":
+            self.emit("node_lost", node=str(detail["node"]))
+        elif kind in ("task_retry", "storage_retry"):
+            self.emit("retry", what=kind.removesuffix("_retry"), count=count)
         seconds = round(time.perf_counter() - self.started, 4)
         last = next((e for e in reversed(f.events) if e["kind"] == kind), None)
         if kind != "node_lost" and last is not None and last["stage"] == self.current_stage \
@@ -224,6 +288,11 @@ class RunMetrics:
             self.peak_object_store_bytes_per_node[node] = max(self.peak_object_store_bytes_per_node[node], n)
         self.timeline.append({"seconds": round(time.perf_counter() - self.started, 4),
                               "network_bytes": self.bytes_between_nodes, "memory_bytes_per_node": dict(peak)})
+
+
+def _plain(value: float | None) -> float | None:
+    """A NumPy scalar as a Python float (JSON-ready); None stays None."""
+    return None if value is None else float(value)
 
 
 def driver_peak_rss_bytes() -> int:

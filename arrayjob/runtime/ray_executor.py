@@ -328,6 +328,8 @@ class RayExecutor:
         if self.metrics.nodes is not None:
             self.metrics.nodes.observe(self._workers)
         lost = sorted(self._seen - alive - self._lost)
+        for node in sorted(alive - self._seen):
+            self.metrics.emit("node_joined", node=node)
         self._seen |= alive
         for node in lost:
             self._lost.add(node)
@@ -373,20 +375,34 @@ class RayExecutor:
         return self._blocks[key]
 
     def _collect_stats(self) -> None:
+        """Wait for the pending block reads, counting each as it lands: a ``blocks`` event
+        (loaded of total, bytes so far) at most every half second and at the end."""
         pending, self._pending_stats = self._pending_stats, []
+        by_ref = {ref: key for key, ref in pending}
+        waiting = [ref for _, ref in pending]
+        loaded = nbytes = 0
+        told = time.monotonic()
         try:
-            # ray.get of a list raises at the first failed read, without waiting for the rest
-            collected = self._get([ref for _, ref in pending])
+            while waiting:
+                ready, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=0.5)
+                # ray.get raises at the first failed read: the rest are not waited for
+                for ref, stats in zip(ready, self._get(ready), strict=True):
+                    self._count_block(by_ref[ref], stats)
+                    loaded, nbytes = loaded + 1, nbytes + stats["bytes_read"]
+                if ready and (not waiting or time.monotonic() - told >= 0.5):
+                    told = time.monotonic()
+                    self.metrics.emit("blocks", loaded=loaded, total=len(pending), bytes_read=nbytes)
         except BaseException:
-            self._forget_loads(pending)
+            self._forget_loads([(key, ref) for key, ref in pending if key not in self._block_home])
             raise
-        for (key, _), stats in zip(pending, collected, strict=True):
-            counters = StorageCounters(**{k: stats[k] for k in StorageCounters.__dataclass_fields__})
-            self.metrics.count_storage(counters)
-            self.metrics.fault("task_retry", stats.get("attempt", 0))
-            self.metrics.fault("storage_retry", stats.get("storage_retries", 0))
-            self.metrics.hold_block(stats["node"], stats["nbytes"])
-            self._block_home[key] = (stats["node"], stats["nbytes"])
+
+    def _count_block(self, key: BlockKey, stats: dict[str, Any]) -> None:
+        counters = StorageCounters(**{k: stats[k] for k in StorageCounters.__dataclass_fields__})
+        self.metrics.count_storage(counters)
+        self.metrics.fault("task_retry", stats.get("attempt", 0))
+        self.metrics.fault("storage_retry", stats.get("storage_retries", 0))
+        self.metrics.hold_block(stats["node"], stats["nbytes"])
+        self._block_home[key] = (stats["node"], stats["nbytes"])
 
     def _forget_loads(self, pending: list[tuple[BlockKey, ray.ObjectRef]]) -> None:
         """After a failed read the job stops: drop the other reads' blocks, so Ray frees each
