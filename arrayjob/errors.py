@@ -12,6 +12,8 @@ Exit codes (documented in README.md):
      too few nodes arrived within cluster.scale_timeout (nothing read, nothing written)
   130 interrupted (SIGINT, Ctrl-C)
   143 terminated (SIGTERM): the job stops as on Ctrl-C, its lease released, nothing published
+
+``arrayjob submit`` exits with the submitted job's own code (``RemoteJobFailed``).
 """
 
 from __future__ import annotations
@@ -70,3 +72,12 @@ class Terminated(BaseException):
     ``with`` and ``finally`` on its way out (leases released, a private Ray stopped)."""
 
     exit_code = 143
+
+
+class RemoteJobFailed(ArrayJobError):
+    """A job submitted to a Ray cluster ended unsuccessfully; ``arrayjob submit`` exits with
+    the job's own exit code (its ``arrayjob run`` exited 2 to 6, or was stopped: 143)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -13,6 +13,8 @@ import traceback
 import click
 
 from arrayjob import __version__
+from arrayjob.cli.options import debug_option, set_option
+from arrayjob.cli.remote import logs, status, stop, submit
 from arrayjob.errors import ArrayJobError, Terminated
 
 
@@ -20,11 +22,6 @@ def _debug(ctx: click.Context) -> bool:
     return bool(ctx.find_root().params.get("debug")) or bool(ctx.params.get("debug"))
 
 
-debug_option = click.option("--debug", is_flag=True, help="Show tracebacks.")
-set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-    help="Override a spec key, e.g. --set params.l2=0.01 (repeatable).",
-)
 
 
 def _planner_overrides(tiling: str | None, fusion: str | None, placement: str | None) -> list[str]:
@@ -369,6 +366,10 @@ def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, see
     counters = generate(algorithm, request)
     click.echo(f"wrote {algorithm} demo data to {location}: {size(counters.bytes_written)} "
                f"in {counters.put_requests:,} requests")
+
+
+for _command in (submit, status, logs, stop):
+    cli.add_command(_command)
 
 
 def _one_line(message: str) -> str:

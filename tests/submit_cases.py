@@ -1,0 +1,216 @@
+"""``arrayjob submit``, ``status``, ``logs`` and ``stop`` against a real Ray job server.
+
+    unshare --pid --fork --mount-proc --net bash -c 'ip link set lo up; exec python tests/submit_cases.py --out FILE'
+
+Run inside its own PID and network namespace (``tests/test_submit.py`` does): it starts a
+loopback S3 server and a Ray head with its job server (``ray start --head``, dashboard on
+127.0.0.1:8265), runs the ``arrayjob`` command as a user would for each case, and stops
+that Ray with ``ray stop`` at the end (inside the namespace it can see no other Ray; the
+namespace's end kills whatever is left). Writes one JSON document to FILE: per case, the
+commands' exit codes and output and what was found in the bucket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BIN = Path(sys.executable).parent
+ENV = {
+    **os.environ,
+    "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",  # the cluster has arrayjob installed
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+}
+for variable in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "AWS_PROFILE", "ARRAYJOB_BUCKET"):
+    ENV.pop(variable, None)
+os.environ.clear()
+os.environ.update(ENV)
+
+JOBS = "http://127.0.0.1:8265"
+SPEC = REPO / "configs" / "logreg.toml"
+
+
+def arrayjob(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "arrayjob", *args], env=env or ENV, capture_output=True,
+                          text=True, timeout=timeout, cwd="/")
+    return {"args": list(args), "code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+
+def start_ray() -> None:
+    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", "6379",
+                    "--dashboard-host", "127.0.0.1", "--dashboard-port", "8265", "--num-cpus", "2",
+                    "--object-store-memory", str(200 * 2**20), "--disable-usage-stats"],
+                   env=ENV, check=True, capture_output=True, timeout=120)
+    deadline = time.monotonic() + 60
+    while True:  # the job server answers a little after `ray start` returns
+        try:
+            socket.create_connection(("127.0.0.1", 8265), timeout=1).close()
+            if arrayjob("status", "none", "--address", JOBS)["code"] == 2:  # "no job 'none'": it answers
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the Ray job server did not answer in 60 s")
+        time.sleep(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    out = Path(parser.parse_args().out)
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.helpers import logreg_data, published, read_group, write_array
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=5055, verbose=False)
+    server.start()
+    endpoint = "http://127.0.0.1:5055"
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    s3.create_bucket(Bucket="jobs")
+    X, y = logreg_data(4000, 4)
+    write_array("s3://jobs/in/X.zarr", X, (1000, 4), endpoint=endpoint)
+    write_array("s3://jobs/in/y.zarr", y, (1000,), endpoint=endpoint)
+    spec = ["--set", f"storage.endpoint_url={endpoint}", "--set", "inputs.X=s3://jobs/in/X.zarr",
+            "--set", "inputs.y=s3://jobs/in/y.zarr"]
+
+    def keys(prefix: str) -> list[str]:
+        listed = s3.list_objects_v2(Bucket="jobs", Prefix=prefix)
+        return sorted(o["Key"] for o in listed.get("Contents", []))
+
+    def jobs_submitted() -> int:
+        from ray.job_submission import JobSubmissionClient
+
+        return len(JobSubmissionClient(JOBS).list_jobs())
+
+    cases: dict[str, Any] = {}
+    started = time.monotonic()
+    start_ray()
+    cases["ray_start_seconds"] = time.monotonic() - started
+    try:
+        # a bad spec: exit 2 on this side, nothing submitted
+        before = jobs_submitted()
+        cases["bad_spec"] = arrayjob("submit", str(SPEC), "--address", JOBS, *spec, "--set", "params.l3=1")
+        cases["bad_spec"]["jobs_after"] = jobs_submitted() - before
+
+        # submit, follow, exit 0, published; the address from RAY_ADDRESS as Ray's CLI reads it
+        env = {**ENV, "RAY_ADDRESS": JOBS, "RAY_JOB_HEADERS": '{"X-Arrayjob-Test": "1"}'}
+        ok = arrayjob("submit", str(SPEC), *spec, "--set", "output.uri=s3://jobs/out/ok", env=env)
+        prefix = published("s3://jobs/out/ok", endpoint)
+        group = read_group(f"{prefix}/result.zarr", endpoint)
+        ok["coef"] = [float(v) for v in group["coef"][:]]
+        ok["intercept"] = [float(v) for v in group["intercept"][:]]
+        ok["published"] = keys("out/ok/_SUCCESS")
+        cases["submit"] = ok
+
+        # failures at run time: their exit codes passed through
+        cases["missing_input"] = arrayjob("submit", str(SPEC), "--address", JOBS, *spec,
+                                          "--set", "inputs.X=s3://jobs/in/nothing.zarr",
+                                          "--set", "output.uri=s3://jobs/out/missing")
+        cases["missing_input"]["published"] = keys("out/missing/")
+        cases["no_bucket"] = arrayjob("submit", str(SPEC), "--address", JOBS, *spec,
+                                      "--set", "output.uri=s3://no-such-bucket/out")
+
+        # --no-wait, then status, logs, logs --follow; the package sent with the job (the
+        # entrypoint is then python -m arrayjob, from the job's py_modules)
+        detached = arrayjob("submit", str(SPEC), "--address", JOBS, *spec, "--set", "output.uri=s3://jobs/out/nowait",
+                            "--no-wait", "--upload-package")
+        job_id = detached["stdout"].strip()
+        detached["status_at_once"] = arrayjob("status", job_id, "--address", JOBS)
+        detached["follow"] = arrayjob("logs", job_id, "--address", JOBS, "--follow")
+        detached["status"] = arrayjob("status", job_id, "--address", JOBS, "--json")
+        detached["logs"] = arrayjob("logs", job_id, "--address", JOBS)
+        detached["published"] = keys("out/nowait/_SUCCESS")
+        cases["no_wait"] = detached
+
+        # stop, and SIGTERM to a following submit: the output is held by another run, so the
+        # job waits for it until stopped
+        from arrayjob.io.backend import backend_for
+        from arrayjob.io.lease import Lease
+        from arrayjob.io.locations import StorageOptions, parse_uri
+
+        options = StorageOptions(endpoint_url=endpoint)
+        lease = Lease(backend_for(parse_uri("s3://jobs/out/held"), options), "holder-run")
+        lease.acquire()
+        try:
+            held = [*spec, "--set", "output.uri=s3://jobs/out/held"]
+            blocked = arrayjob("submit", str(SPEC), "--address", JOBS, *held, "--no-wait")
+            job_id = blocked["stdout"].strip()
+            blocked["waiting"] = wait_for_log(job_id, "waiting for run holder-run")
+            blocked["stop"] = arrayjob("stop", job_id, "--address", JOBS)
+            blocked["status"] = arrayjob("status", job_id, "--address", JOBS, "--json")
+            blocked["logs"] = arrayjob("logs", job_id, "--address", JOBS)
+            cases["stop"] = blocked
+
+            cases["sigterm"] = sigterm_while_following([*held, "--address", JOBS])
+        finally:
+            lease.release()
+        cases["leases_left"] = keys("out/held/_lease/")
+        cases["cases_seconds"] = time.monotonic() - started
+    except Exception:  # noqa: BLE001 - reported to the test, which fails with it
+        cases["error"] = traceback.format_exc()
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=ENV, capture_output=True, timeout=60)
+        server.stop()
+    out.write_text(json.dumps(cases, indent=2))
+
+
+def wait_for_log(job_id: str, text: str, timeout: float = 90) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in arrayjob("logs", job_id, "--address", JOBS)["stdout"]:
+            return True
+        time.sleep(1)
+    return False
+
+
+def sigterm_while_following(args: list[str]) -> dict[str, Any]:
+    """``arrayjob submit`` following a job that waits, then SIGTERM (as Airflow or Kubernetes send)."""
+    proc = subprocess.Popen([sys.executable, "-m", "arrayjob", "submit", str(SPEC), *args], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    deadline = time.monotonic() + 90
+    job_id = ""
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(JOBS)
+    while time.monotonic() < deadline and not job_id:
+        running = [j for j in client.list_jobs() if str(j.status) == "RUNNING"
+                   and "waiting for run holder-run" in client.get_job_logs(j.submission_id)]
+        job_id = running[0].submission_id if running else ""
+        time.sleep(1)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    exited = time.monotonic() - sent
+    status = "none"
+    for _ in range(60):
+        status = str(client.get_job_info(job_id).status) if job_id else "none"
+        if status in ("STOPPED", "FAILED", "SUCCEEDED"):
+            break
+        time.sleep(0.5)
+    return {"job_id": job_id, "code": proc.returncode, "stdout": stdout, "stderr": stderr,
+            "exited_after": exited, "remote_status": status,
+            "remote_logs": client.get_job_logs(job_id) if job_id else ""}
+
+
+if __name__ == "__main__":
+    main()
