@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from arrayjob.costing.estimate import Estimate
+from arrayjob.costing.profile import UNCALIBRATED
 from arrayjob.units import size
 
 
@@ -58,6 +59,8 @@ def table(est: Estimate) -> str:
     peak = max(est.peak_bytes_per_node, default=0)
     lines.append(f" Peak memory per node: {size(peak)} (of {est.instance.memory_gib:g} GiB)")
     lines += [f" Assumes: {a}" for a in est.assumptions()]
+    if not est.profile.calibrated:
+        lines.append(f" Estimate {UNCALIBRATED}")
     lines.append("")
     lines.append(summary(est))
     return "\n".join(lines)
