@@ -28,6 +28,7 @@ $(DEMO)/X.zarr/zarr.json: | $(VENV)/.installed
 
 demo: $(VENV)/.installed $(DEMO)/X.zarr/zarr.json
 	$(BIN)/arrayjob run configs/logreg.toml
+	@echo "arrayjob is installed in .venv: '. .venv/bin/activate' puts it on PATH (or call .venv/bin/arrayjob)"
 
 # Import contracts first (layers downward only, no cycles, a planner free of execution
 # and storage libraries: [tool.importlinter] in pyproject.toml), then the suite.

@@ -267,9 +267,18 @@ def _input_entry(value: Any, key: str) -> tuple[str, str]:
     return uri, missing
 
 
-def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
-    """Check the whole spec, before anything runs."""
+def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = None,
+             from_command_line: frozenset[str] = frozenset()) -> JobSpec:
+    """Check the whole spec, before anything runs.
+
+    A relative local path in it (an input, the output, a param naming an array) is relative
+    to ``base``, the spec file's directory, unless its key (``inputs.X``, ``output.uri``)
+    was given on the command line (``from_command_line``): then to the working directory.
+    """
     from arrayjob.jobs import get_job, job_names
+
+    def where(key: str) -> str | None:
+        return None if key in from_command_line or key.rsplit(".", 1)[0] in from_command_line else base
 
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
@@ -301,15 +310,21 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
                 continue
             raise SpecError(f"inputs.{input_name}: required input of {algorithm} is missing")
         uri, missing_chunks[input_name] = _input_entry(inputs_table[input_name], f"inputs.{input_name}")
-        inputs[input_name] = parse_uri(uri, key=f"inputs.{input_name}")
+        inputs[input_name] = parse_uri(uri, key=f"inputs.{input_name}", base=where(f"inputs.{input_name}.uri"))
 
     params = table_to_dataclass(job_class.Params, raw.get("params", {}), "params")
+    for f in dataclasses.fields(params):  # params naming an array: a path, resolved as the inputs are
+        words = f.metadata.get("uri")
+        text = getattr(params, f.name)
+        if words is not None and text not in words and "://" not in text and not os.path.isabs(text):
+            params = dataclasses.replace(params, **{f.name: str(parse_uri(text, key=f"params.{f.name}",
+                                                                          base=where(f"params.{f.name}")))})
     output_table = raw.get("output")
     if not isinstance(output_table, dict) or "uri" not in output_table:
         raise SpecError("output.uri: required key is missing")
     if set(output_table) - {"uri"}:
         raise SpecError(f"output.{sorted(set(output_table) - {'uri'})[0]}: unknown key (expected: uri)")
-    output = parse_uri(_coerce(output_table["uri"], str, "output.uri"), key="output.uri")
+    output = parse_uri(_coerce(output_table["uri"], str, "output.uri"), key="output.uri", base=where("output.uri"))
     for input_name, location in inputs.items():
         if _within(location, output):
             raise SpecError(f"output.uri: {output} would overwrite inputs.{input_name}")
@@ -341,5 +356,9 @@ def validate(raw: dict[str, Any], source: str = "<spec>") -> JobSpec:
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> JobSpec:
-    """Read and validate a spec file."""
-    return validate(read_spec(path, overrides, env), source=str(path))
+    """Read and validate a spec file. Relative paths written in it are relative to its own
+    directory, so a spec runs the same from any working directory (cron starts in $HOME);
+    those given with ``--set`` are relative to the working directory, as a shell user means."""
+    given = frozenset(".".join(parse_override(text)[0]) for text in overrides)
+    return validate(read_spec(path, overrides, env), source=str(path),
+                    base=os.path.dirname(os.path.abspath(path)), from_command_line=given)

@@ -97,3 +97,21 @@ def test_max_cost_0_on_a_free_instance_shows_the_storage_cents(spec, capsys):
     assert code == 3 and err.count("\n") == 1
     shown = err.split("estimated cost $")[1].split()[0]
     assert float(shown) > 0 and err.endswith("exceeds --max-cost $0\n")
+
+
+def test_an_estimate_from_the_shipped_profile_says_it_is_uncalibrated(spec, workdir, capsys):
+    """Before `arrayjob calibrate` has run here, the estimate says so and how to calibrate; after, it does not."""
+    import dataclasses
+
+    from arrayjob.costing.profile import SHIPPED, UNCALIBRATED, save_profile
+
+    code, table, _ = run_cli(["estimate", spec], capsys)
+    assert code == 0 and f" Estimate {UNCALIBRATED}" in table.splitlines()
+    code, raw, _ = run_cli(["estimate", spec, "--format", "json"], capsys)
+    assert json.loads(raw)["profile"] == {"name": SHIPPED.name, "measured_at": None, "calibrated": False}
+
+    save_profile(dataclasses.replace(SHIPPED, name="this machine", measured_at="2026-11-25T13:00:00+00:00"))
+    code, table, _ = run_cli(["estimate", spec], capsys)
+    assert code == 0 and "uncalibrated" not in table
+    code, raw, _ = run_cli(["estimate", spec, "--format", "json"], capsys)
+    assert json.loads(raw)["profile"]["calibrated"] is True

@@ -18,14 +18,21 @@ from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import check_chunks_stored, create_array, open_array_info, read_block
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.spec import read_spec, validate
-from tests.helpers import logreg_data, read_result, run_cli, write_array, write_spec
+from tests.helpers import (
+    logreg_data,
+    read_result,
+    run_cli,
+    without_progress,
+    write_array,
+    write_spec,
+)
 from tests.test_logreg import sklearn_fit
 
 L2 = 1e-3
 
 
 def _one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
+    lines = without_progress(err).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("arrayjob: error: "), err
     assert "Traceback" not in err
     return lines[0]

@@ -40,6 +40,9 @@ def _check_shown(output: str, endpoint: str | None, args: list[str], capsys) -> 
     assert lines[2].startswith(f"  wall {report['wall_seconds']:.2f} s: validate ")
     assert f"  files: {run_prefix}/result.zarr; report.json, report.html beside it" in lines
     assert any(line.startswith("  tasks.count=") for line in lines)
+    # no `arrayjob calibrate` here: the summary says the estimate is uncalibrated and how to calibrate
+    assert lines[-1].startswith("  estimate uncalibrated: made with the shipped profile") and "arrayjob calibrate" in lines[-1]
+    assert report["estimate"]["profile"]["calibrated"] is False
     # the fit stopped before max_iter (100): the estimate for the iterations it ran is beside the first
     assert report["estimate"]["iterations"]["assumed"] == 100 and result["iterations"] < 100
     assert report["estimate_rescaled"]["iterations"]["assumed"] == result["iterations"]

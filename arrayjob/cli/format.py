@@ -53,6 +53,14 @@ def figures(report: dict[str, Any], *, table: bool) -> str:
     return "\n".join(lines)
 
 
+def calibration_line(report: dict[str, Any]) -> list[str]:
+    """"  estimate uncalibrated: ...how to calibrate", when the run's estimate used the shipped profile."""
+    from arrayjob.costing.profile import UNCALIBRATED
+
+    profile = (report.get("estimate") or {}).get("profile") or {}
+    return [f"  estimate {UNCALIBRATED}"] if profile.get("calibrated") is False else []
+
+
 def _nodes(report: dict[str, Any]) -> str:
     cluster = report["cluster"]
     n, lost = cluster["nodes"], cluster.get("nodes_lost", 0)
@@ -102,6 +110,7 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         f"  result: {spec.output.join(outcome.manifest['prefix'])}/result.zarr (run {outcome.manifest['run_id']}); "
         "report.json, report.html beside it",
         figures(r, table=table),
+        *calibration_line(r),
     ]
     return "\n".join(lines)
 
@@ -145,5 +154,6 @@ def published_summary(output: Any, manifest: dict[str, Any], report: dict[str, A
         *faults_line(r),
         f"  files: {where}/result.zarr; report.json, report.html beside it",
         figures(r, table=True) if table else figures(r, table=False).replace("\n", "\n  ").join(["  ", ""]),
+        *calibration_line(r),
     ]
     return "\n".join(lines)

@@ -232,10 +232,12 @@ class LiveView:
         self.watch.see(event)
         line = _event_line(event, self.watch)
         if line is not None:
-            self.console.print(f"[dim]\\[{event.seconds:7.2f} s][/dim] {line}", highlight=False)
+            from rich.markup import escape
+
+            self.console.print(f"[dim]\\[{event.seconds:7.2f} s][/dim] {escape(line)}", highlight=False)
 
     def notice(self, line: str) -> None:
-        self.console.print(line, highlight=False)
+        self.console.print(f"arrayjob: {line}", highlight=False, markup=False)
 
     def __rich__(self) -> Any:
         from rich.progress_bar import ProgressBar

@@ -130,6 +130,8 @@ class Estimate:
             "stages": [s.as_dict() for s in self.stages],
             "iterations": {"assumed": self.iterations, "from": self.iterations_source},
             "assumptions": self.assumptions(),
+            "profile": {"name": self.profile.name, "measured_at": self.profile.measured_at or None,
+                        "calibrated": self.profile.calibrated},
             **({"warning": self.memory_warning} if self.memory_warning else {}),
         }
 

@@ -55,6 +55,11 @@ class MachineProfile:
         field named for its unit (``contraction_bytes`` -> ``contraction_bytes_per_s``)."""
         return float(getattr(self, f"{kind}_per_s", self.flops_per_s))
 
+    @property
+    def calibrated(self) -> bool:
+        """Measured here by ``arrayjob calibrate``, not the shipped default."""
+        return bool(self.measured_at)
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
 
@@ -69,6 +74,12 @@ SHIPPED = MachineProfile(
     task_overhead_seconds=0.002,
     network_bytes_per_s=1e9,
 )
+
+
+# what a summary says of an estimate made with the shipped profile
+UNCALIBRATED = ("uncalibrated: made with the shipped profile, not this machine's; run `arrayjob calibrate` once "
+                "in the directory you run jobs from (it saves .arrayjob/profile.json there, which later "
+                "estimates and runs started there use)")
 
 
 def load_profile(path: str | Path | None = None) -> MachineProfile:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from arrayjob.costing.estimate import Estimate
+from arrayjob.costing.profile import UNCALIBRATED
 from arrayjob.units import duration, size
 
 
@@ -62,6 +63,8 @@ def table(est: Estimate, choice: str = "") -> str:
     if choice:
         lines.append(f" Nodes: {choice}")
     lines += [f" Assumes: {a}" for a in est.assumptions()]
+    if not est.profile.calibrated:
+        lines.append(f" Estimate {UNCALIBRATED}")
     lines.append("")
     lines.append(summary(est))
     return "\n".join(lines)

@@ -64,8 +64,10 @@ class Location:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def parse_uri(text: str, *, key: str = "uri") -> Location:
-    """Parse ``s3://bucket/key``, ``file://path`` or a local path; ``key`` names it in errors."""
+def parse_uri(text: str, *, key: str = "uri", base: str | None = None) -> Location:
+    """Parse ``s3://bucket/key``, ``file://path`` or a local path; ``key`` names it in errors.
+    A relative local path is taken relative to ``base`` (a directory), else to the working
+    directory."""
     text = text.strip()
     if not text:
         raise SpecError(f"{key}: expected a URI (s3://bucket/key, file://path or a path), got an empty string")
@@ -78,9 +80,9 @@ def parse_uri(text: str, *, key: str = "uri") -> Location:
                 raise SpecError(f"{key}: {text!r} names no bucket (expected s3://bucket/key)")
             return Location("s3", rest.rstrip("/"))
         if scheme == "file":
-            return Location("file", os.path.abspath(rest))
+            return Location("file", os.path.abspath(os.path.join(base or "", rest)))
         raise SpecError(f"{key}: unsupported URI scheme {scheme!r} in {text!r} (expected s3:// or file://)")
-    return Location("file", os.path.abspath(text))
+    return Location("file", os.path.abspath(os.path.join(base or "", text)))
 
 
 @dataclass

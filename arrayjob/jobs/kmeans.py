@@ -49,7 +49,8 @@ SAMPLE_ROWS = 100_000
 @dataclass(frozen=True)
 class KMeansParams:
     k: int = field(metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
-    init: str = "k-means++"  # or "random", or the URI of a (k, d) array
+    # or "random", or the URI of a (k, d) array (a relative path: as the spec's inputs)
+    init: str = field(default="k-means++", metadata={"uri": ("k-means++", "random")})
     seed: int = 0
     max_iter: int = field(default=300, metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
     tol: float = field(default=1e-4, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
