@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 BUCKET ?= .arrayjob/bucket
 DEMO   := $(BUCKET)/demo/logreg
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test test-airflow bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,21 @@ test: $(VENV)/.installed-test
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
+# The Airflow DAG in deploy/airflow run for real with dag.test(), against a loopback S3 server
+# and a Ray head with its job server, all inside their own PID and network namespace (needs
+# root, unshare and ip). Airflow is too heavy for .venv: it gets its own virtualenv.
+AIRFLOW_VENV    ?= .venv-airflow
+AIRFLOW_VERSION ?= 3.3.2
+$(AIRFLOW_VENV)/.installed:
+	$(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)"
+	touch $@
+
+test-airflow: $(VENV)/.installed-test $(AIRFLOW_VENV)/.installed
+	unshare --pid --fork --mount-proc --net bash -c \
+		'ip link set lo up && exec $(BIN)/python tests/airflow_dag.py --airflow $(AIRFLOW_VENV)/bin'
+
 # arrayjob against its peers and the machine's limits (docs/benchmarks.md). The full size
 # takes about 10 minutes on 2 cores; `make bench BENCH_SIZE=quick` a few.
 BENCH_SIZE ?= full
@@ -47,4 +62,4 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .arrayjob
+	rm -rf $(VENV) $(AIRFLOW_VENV) .arrayjob
