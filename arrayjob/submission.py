@@ -40,6 +40,7 @@ SPEC_FILE = "spec.toml"
 STOP_GRACE_SECONDS = 10
 QUIET_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
                  "ray._private.runtime_env.packaging")
+COMMAND_NOT_FOUND = 127
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
@@ -102,8 +103,13 @@ class JobServer:
         return cls(address, client)
 
     def _call(self, what: str, job_id: str, call: Callable[[], Any]) -> Any:
+        from aiohttp import ClientError  # the log stream's websocket
+
         try:
             return call()
+        except ClientError as exc:
+            raise ClusterError(f"{what} {job_id}: the Ray job server at {self.address} failed: "
+                               f"{_first_line(exc)}") from None
         except RuntimeError as exc:
             if "404" in str(exc) or "does not exist" in str(exc):
                 raise SpecError(f"JOB_ID: no job {job_id!r} on {self.address}") from None
@@ -201,6 +207,9 @@ def job_end(job_id: str, info: JobDetails) -> JobEnd:
     if code is None:
         return JobEnd(ClusterError.exit_code, f"job {job_id} failed before its command ran: "
                                               f"{_first_line(info.message or 'no message')}")
+    if code == COMMAND_NOT_FOUND:  # the shell's: the cluster has no arrayjob command
+        return JobEnd(ClusterError.exit_code, f"job {job_id}: the cluster has no arrayjob command (exit 127); "
+                                              "install arrayjob there, or submit with --upload-package")
     if code < 0:  # ended by a signal
         return JobEnd(128 - code, f"job {job_id} was killed by signal {-code}")
     return JobEnd(code, f"job {job_id} failed with exit code {code}")

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,50 +23,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-BIN = Path(sys.executable).parent
-ENV = {
-    **os.environ,
-    "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",  # the cluster has arrayjob installed
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-}
-for variable in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_JOB_HEADERS", "AWS_PROFILE", "ARRAYJOB_BUCKET"):
-    ENV.pop(variable, None)
-os.environ.clear()
+from tests.jobserver import ENV, JOBS, S3, SPEC, arrayjob, start_moto, start_ray, stop_ray  # noqa: E402
+
+os.environ.clear()  # this process reads the bucket and the job server as the cluster's nodes do
 os.environ.update(ENV)
-
-JOBS = "http://127.0.0.1:8265"
-SPEC = REPO / "configs" / "logreg.toml"
-
-
-def arrayjob(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "arrayjob", *args], env=env or ENV, capture_output=True,
-                          text=True, timeout=timeout, cwd="/")
-    return {"args": list(args), "code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
-
-
-def start_ray() -> None:
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", "6379",
-                    "--dashboard-host", "127.0.0.1", "--dashboard-port", "8265", "--num-cpus", "2",
-                    "--object-store-memory", str(200 * 2**20), "--disable-usage-stats"],
-                   env=ENV, check=True, capture_output=True, timeout=120)
-    deadline = time.monotonic() + 60
-    while True:  # the job server answers a little after `ray start` returns
-        try:
-            socket.create_connection(("127.0.0.1", 8265), timeout=1).close()
-            if arrayjob("status", "none", "--address", JOBS)["code"] == 2:  # "no job 'none'": it answers
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the Ray job server did not answer in 60 s")
-        time.sleep(0.5)
 
 
 def main() -> None:
@@ -77,14 +37,11 @@ def main() -> None:
     out = Path(parser.parse_args().out)
 
     import boto3
-    from moto.server import ThreadedMotoServer
 
     from tests.helpers import logreg_data, published, read_group, write_array
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=5055, verbose=False)
-    server.start()
-    endpoint = "http://127.0.0.1:5055"
+    server = start_moto()
+    endpoint = S3
     s3 = boto3.client("s3", endpoint_url=endpoint)
     s3.create_bucket(Bucket="jobs")
     X, y = logreg_data(4000, 4)
@@ -169,7 +126,7 @@ def main() -> None:
     except Exception:  # noqa: BLE001 - reported to the test, which fails with it
         cases["error"] = traceback.format_exc()
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=ENV, capture_output=True, timeout=60)
+        stop_ray()
         server.stop()
     out.write_text(json.dumps(cases, indent=2))
 

@@ -75,6 +75,7 @@ def test_the_sent_spec_is_resolved_with_absolute_local_paths(workdir: Path, monk
     ("SUCCEEDED", 0, 0), ("FAILED", 2, 2), ("FAILED", 4, 4), ("FAILED", 5, 5), ("FAILED", 6, 6),
     ("FAILED", None, 5),  # its runtime environment failed: the command never ran
     ("FAILED", -9, 137), ("STOPPED", None, 143),
+    ("FAILED", 127, 5),  # the shell found no arrayjob command on the cluster
 ])
 def test_the_job_exit_code_is_passed_on(status: str, code: int | None, expected: int) -> None:
     from ray.job_submission import JobDetails, JobStatus, JobType
@@ -83,6 +84,8 @@ def test_the_job_exit_code_is_passed_on(status: str, code: int | None, expected:
                       driver_exit_code=code, message="runtime env setup failed\nmore")
     end = job_end("j", info)
     assert end.exit_code == expected
+    if code == 127:
+        assert "--upload-package" in end.line
     assert (end.line == "") == (expected == 0)
 
 

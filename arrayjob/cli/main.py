@@ -13,6 +13,7 @@ import traceback
 import click
 
 from arrayjob import __version__
+from arrayjob.cli.deploy import deploy
 from arrayjob.cli.options import debug_option, set_option
 from arrayjob.cli.remote import logs, status, stop, submit
 from arrayjob.errors import ArrayJobError, Terminated
@@ -368,7 +369,7 @@ def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, see
                f"in {counters.put_requests:,} requests")
 
 
-for _command in (submit, status, logs, stop):
+for _command in (submit, status, logs, stop, deploy):
     cli.add_command(_command)
 
 
