@@ -256,17 +256,19 @@ def test_plan_and_estimate_warn_when_a_node_is_too_small(huge, capsys):
     assert code == 0
     line = _warning(err)
     assert "the plan needs 48.0 GB of memory on a node, but one local node has 24 GiB" in line
-    assert "about 3 such nodes would hold it (--nodes 3)" in line and "issue #17" in line
+    assert "about 3 such nodes would hold it (--nodes 3)" in line
     assert "warning" not in out.lower()
 
+    # estimate plans residency under the memory budget: on one node the inputs stream, the
+    # peak stays within the budget (no warning), and the choice says how many would hold it
     code, out, err = run_cli(["estimate", str(huge), "--format", "json", "--instance-type", "m5.xlarge",
                               "--nodes", "1"], capsys)
-    assert code == 0
-    assert "one m5.xlarge node has 16 GiB" in _warning(err) and "--nodes 4" in _warning(err)
-    assert json.loads(out)["memory"]["peak_bytes_per_node"][0] > 16 * 2**30  # stdout stays JSON
-    # without --nodes, estimate prices the count whose object stores hold the plan: no warning
+    doc = json.loads(out)  # stdout stays JSON
+    assert code == 0 and err == "" and doc["memory"]["resident_fraction"] < 1
+    assert doc["choice"]["needed"] > 1 and not doc["choice"]["fits"]
     code, out, err = run_cli(["estimate", str(huge), "--format", "json", "--instance-type", "m5.xlarge"], capsys)
-    assert code == 0 and err == "" and json.loads(out)["choice"]["rule"] == "memory"
+    doc = json.loads(out)
+    assert code == 0 and err == "" and doc["choice"]["rule"] == "unsized" and doc["nodes"]["count"] == 1
 
     code, out, err = run_cli(["plan", str(huge), "--nodes", "3"], capsys)  # the suggested count fits
     assert code == 0 and "warning" not in err

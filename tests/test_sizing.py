@@ -33,7 +33,8 @@ def big(workdir: Path) -> Path:
 
 
 def _choose(spec_path: Path, overrides: tuple[str, ...] = (), **kw):  # type: ignore[no-untyped-def]
-    spec = load_spec(spec_path, list(overrides))
+    """The choice for a cluster at an address (a local Ray is this machine: never sized)."""
+    spec = load_spec(spec_path, ['cluster.address="auto"', *overrides])
     job = runner.prepare(spec)
     return choose_nodes(job, spec, instance=kw.pop("instance", SMALL), prices=load_prices(),
                         profile=load_profile(), **kw)
@@ -85,6 +86,15 @@ def test_deadline_bound_is_the_cheapest_count_that_meets_it(big):
     # a deadline no count meets is exit 3, naming the fastest
     with pytest.raises(CostLimitError, match="no node count up to 64 meets --deadline"):
         _choose(big, ("cluster.max_nodes=64",), deadline=0.5)
+
+
+def test_a_local_ray_is_priced_on_this_machine(big):
+    spec = load_spec(big, [])
+    choice = choose_nodes(runner.prepare(spec), spec, instance=SMALL, prices=load_prices(), profile=load_profile())
+    assert (choice.nodes, choice.rule, choice.fits, choice.needed) == (1, "unsized", False, 9)
+    assert choice.line == "1 × small: a local Ray: the job runs on this machine; 9 nodes would hold its plan " \
+                          "in memory, fewer stream their inputs"
+    assert choice.estimate.resident_fraction < 1  # priced as the run goes: streaming
 
 
 def test_max_nodes_too_small_names_the_count_needed(big):

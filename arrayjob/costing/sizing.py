@@ -9,7 +9,10 @@ The rules, in order:
 1. ``nodes`` given (``--nodes N``): that count.
 2. ``deadline`` given (``--deadline 20m``): the cheapest count whose estimated wall time
    is within it, from the memory-bound count up to ``max_nodes`` (or ``SEARCH_LIMIT``).
-3. Otherwise the smallest count whose object stores hold the plan's peak per node with
+3. Neither, no ``max_nodes``, and a local Ray (``cluster.address = "local"``): the job
+   runs on this machine, so it is priced on one node; the line says how many would hold
+   the plan in memory when one does not (fewer stream their inputs).
+4. Otherwise the smallest count whose object stores hold the plan's peak per node with
    ``MEMORY_HEADROOM`` to spare, raised (a quarter more at a time, up to ``max_nodes``) while the parallel
    efficiency against that count stays at least ``MIN_EFFICIENCY``; never raised without
    ``max_nodes``.
@@ -57,7 +60,8 @@ class PricedCount:
 class NodeChoice:
     """The node count chosen for a job, why, and the estimate at that count.
 
-    ``rule`` is ``nodes`` (fixed by the caller), ``deadline``, ``memory`` (the smallest count
+    ``rule`` is ``nodes`` (fixed by the caller), ``unsized`` (a local Ray, no sizing asked for),
+    ``deadline``, ``memory`` (the smallest count
     whose object stores hold the plan) or ``efficiency`` (raised from it while the extra
     nodes pay for themselves). ``needed`` is the memory-bound count; ``fits`` whether the
     chosen count's object stores hold the plan.
@@ -180,6 +184,14 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
         reason = "fixed by --nodes" + ("" if fits else f"; its plan needs {size(price.peak(nodes))} on a node "
                                        f"({store}): {needed} nodes would hold it")
         return NodeChoice(nodes, instance, "nodes", reason, needed, fits, price(nodes), price.priced())
+
+    if deadline is None and ceiling is None and spec.cluster.address == "local":
+        fits = price.fits(floor)
+        needed = floor if fits else _memory_count(price, floor, limit)
+        reason = "a local Ray: the job runs on this machine"
+        if not fits:
+            reason += f"; {needed} nodes would hold its plan in memory, fewer stream their inputs"
+        return NodeChoice(floor, instance, "unsized", reason, needed, fits, price(floor), price.priced())
 
     needed = _memory_count(price, floor, limit)
     peak = size(price.peak(needed))

@@ -220,20 +220,17 @@ def nodes_over_time(report: dict[str, Any]) -> str:
     events = nodes.get("events") or []
     if not events:
         return ""
-    xs, counts, held = [0.0], [0.0], 0
+    points, held = [(0.0, 0.0)], 0
     for e in events:
-        xs.append(float(e["seconds"]))
-        counts.append(float(held))
         held += 1 if e["kind"] == "join" else -1
-        xs.append(float(e["seconds"]))
-        counts.append(float(held))
-    xs.append(max(float(report.get("wall_seconds", xs[-1])), xs[-1]))
-    counts.append(float(held))
+        points.append((float(e["seconds"]), float(held)))
+    wall = max(float(report.get("wall_seconds", 0.0)), points[-1][0])
+    points.append((wall, float(held)))
     spans = "".join(f"<tr><td>{_esc(p['node_id'][-12:])}</td><td>{_esc(p['joined'])} s</td>"
                     f"<td>{_esc('' if p['left'] is None else p['left'])} s</td><td>{_esc(p['seconds'])}</td>"
                     f"<td>{'yes' if p.get('added') else 'no'}</td></tr>" for p in nodes.get("per_node") or [])
     return (f"<h2>Nodes</h2><p>{_esc(nodes.get('choice', ''))}</p>"
-            f"{lines('Worker nodes in use', xs, {'nodes': counts}, 'nodes')}"
+            f"{lines('Worker nodes in use', wall, {'nodes': points}, '', 'worker nodes in use')}"
             "<table><tr><th>node</th><th>joined</th><th>left</th><th>node-seconds</th><th>added</th></tr>"
             f"{spans}</table>")
 
