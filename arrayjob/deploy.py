@@ -3,9 +3,11 @@
 Two targets: Ray's cluster launcher on AWS (``ray up``: a head and an autoscaling worker
 type, S3 by instance profile) and KubeRay (a RayJob whose cluster lives as long as the job,
 S3 by the pods' service account). Both are sized the same way, from the estimate
-(``costing.estimate``): the node type's CPUs and memory from the price table, the node
-count (``--nodes``, else the smallest that meets ``--deadline``, else the smallest whose
-object stores hold the plan's peak per node), and each node's object store from that peak.
+(``costing.sizing.choose_nodes``, the choice ``estimate`` and ``run`` make): the node
+type's CPUs and memory from the price table, the node count (``--nodes``, else the
+cheapest that meets ``--deadline``, else the smallest whose object stores hold the plan,
+raised while the extra nodes pay for themselves up to ``--max-nodes``), and each node's
+object store from the plan's peak.
 Neither file holds a credential.
 """
 
@@ -19,10 +21,11 @@ from typing import Any
 import yaml
 
 from arrayjob import __version__
-from arrayjob.costing.estimate import MEMORY_HEADROOM, Estimate, estimate_job
+from arrayjob.costing.estimate import MEMORY_HEADROOM
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
-from arrayjob.errors import CostLimitError, SpecError
+from arrayjob.costing.sizing import choose_nodes
+from arrayjob.errors import SpecError
 from arrayjob.spec import JobSpec
 from arrayjob.units import size
 
@@ -34,17 +37,6 @@ OBJECT_STORE_MAX_SHARE = 0.55
 POD_MEMORY_SHARE = 0.85  # the rest of a node is the kubelet's and the system daemons'
 DEADLINE_SEARCH = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # node counts a --deadline tries
 HEAD_INSTANCE = "m5.xlarge"  # the head schedules and runs the driver: no block tasks (num-cpus 0)
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
-
-
-def parse_deadline(text: str) -> float:
-    """``90``, ``90s``, ``20m``, ``1.5h``, ``1d`` -> seconds."""
-    match = _DURATION.match(text)
-    if not match or float(match.group(1)) <= 0:
-        raise SpecError(f"--deadline: expected a duration such as 90s, 20m or 2h, got {text!r}")
-    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2) or "s"]
-
 
 @dataclass(frozen=True)
 class ClusterSize:
@@ -76,54 +68,19 @@ def object_store_bytes(peak: int, instance: Instance) -> int:
     return int(min(wanted, OBJECT_STORE_MAX_SHARE * memory)) // 2**20 * 2**20
 
 
-def _holds(est: Estimate, instance: Instance) -> bool:
-    peak = max(est.peak_bytes_per_node, default=0)
-    return peak <= MEMORY_HEADROOM * OBJECT_STORE_MAX_SHARE * instance.memory_gib * 2**30
-
-
 def size_cluster(job: Any, spec: JobSpec, *, instance: Instance, prices: PriceTable, profile: MachineProfile,
                  nodes: int | None = None, deadline: float | None = None, max_nodes: int | None = None,
                  iterations: int | None = None) -> ClusterSize:
-    """Size a cluster for ``job`` on ``instance`` nodes from its estimate (nothing is read).
-
-    Issue 16's ``costing.sizing.choose_nodes`` (not merged yet) makes the same choice with
-    more rules (``[cluster] min_nodes``/``max_nodes``, parallel efficiency); once it is here
-    this becomes ``choice = choose_nodes(job, spec, instance=..., prices=..., profile=...,
-    nodes=nodes, deadline=deadline, max_nodes=max_nodes, iterations=iterations)`` and a
-    ``ClusterSize`` of ``choice.nodes``, ``choice.estimate`` and ``choice.reason``.
-    """
-
-    def priced(count: int) -> Estimate:
-        return estimate_job(job, spec, nodes=count, instance=instance, prices=prices, profile=profile,
-                            iterations=iterations)
-
-    if nodes is not None:
-        est, reason = priced(nodes), "--nodes"
-    elif deadline is not None:
-        tried = []
-        for count in DEADLINE_SEARCH:
-            est = priced(count)
-            tried.append(f"{count}: {est.wall_seconds:.0f} s")
-            if est.wall_seconds <= deadline and _holds(est, instance):
-                reason = f"the fewest nodes estimated within the deadline of {deadline:g} s ({est.wall_seconds:.0f} s)"
-                break
-        else:
-            raise CostLimitError(f"--deadline: no cluster of up to {DEADLINE_SEARCH[-1]} × {instance.name} is "
-                                 f"estimated within {deadline:g} s ({', '.join(tried)})")
-    else:
-        count = 1
-        est = priced(count)
-        while not _holds(est, instance) and count < DEADLINE_SEARCH[-1]:
-            per_node = MEMORY_HEADROOM * OBJECT_STORE_MAX_SHARE * instance.memory_gib * 2**30
-            count = min(DEADLINE_SEARCH[-1], max(count + 1, math.ceil(sum(est.peak_bytes_per_node) / per_node)))
-            est = priced(count)
-        reason = ("one node holds the plan" if count == 1
-                  else f"the fewest nodes whose object stores hold the plan ({count})")
-    count = est.nodes
+    """Size a cluster for ``job`` on ``instance`` nodes from its estimate (nothing is read):
+    the count ``choose_nodes`` chooses for a cluster that can grow, up to ``max_nodes``
+    (default ``[cluster] max_nodes``, else the count chosen)."""
+    choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=profile, nodes=nodes,
+                          deadline=deadline, iterations=iterations, max_nodes=max_nodes, local=False)
+    est = choice.estimate
     peak = max(est.peak_bytes_per_node, default=0)
-    bound = max(count, max_nodes or count)
-    return ClusterSize(instance, count, bound, object_store_bytes(peak, instance), peak, est.wall_seconds,
-                       est.dollars()["total"], reason)
+    bound = max(choice.nodes, max_nodes or spec.cluster.max_nodes or choice.nodes)
+    return ClusterSize(instance, choice.nodes, bound, object_store_bytes(peak, instance), peak, est.wall_seconds,
+                       est.dollars()["total"], choice.reason)
 
 
 # -- the files -------------------------------------------------------------------------------

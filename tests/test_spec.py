@@ -189,3 +189,17 @@ def test_kmeans_k_over_distinct_rows_is_one_line_exit_2(workdir, capsys, init):
     assert (code, out) == (2, "")
     assert without_progress(err) == "arrayjob: error: params.k: 5 clusters but inputs.X has only 3 distinct rows\n"
     assert not (workdir / "out" / "_SUCCESS").exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["estimate", "job.toml", "--deadline", "soon"],
+     "arrayjob: error: --deadline: expected a duration like 90s, 10m or 1.5h, got 'soon'"),
+    (["run", "job.toml", "--nodes", "0"], "arrayjob: error: --nodes: 0 is not in the range x>=1."),
+    (["estimate", "job.toml", "--nods", "3"], "arrayjob: error: No such option '--nods'. Did you mean '--nodes'?"),
+    (["run"], "arrayjob: error: Missing argument 'SPEC'."),
+    (["deploy", "job.toml", "--target", "x"], "arrayjob: error: --target: 'x' is not one of 'ray-cluster', 'kuberay'."),
+])
+def test_a_bad_option_is_one_line_exit_2(args, line, capsys):
+    """Click's own usage errors follow the error contract too: one line, exit 2, no usage block."""
+    code, out, err = run_cli(args, capsys)
+    assert (code, out, err) == (2, "", line + "\n")

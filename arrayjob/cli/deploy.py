@@ -8,15 +8,15 @@ import sys
 import click
 
 from arrayjob import __version__
-from arrayjob.cli.options import debug_option, set_option
+from arrayjob.cli.options import deadline_option, debug_option, set_option
 
 
 @click.command()
 @click.argument("spec", type=click.Path())  # read (and checked) by load_spec: errors are one line
 @click.option("--target", type=click.Choice(["ray-cluster", "kuberay"]), required=True,
               help="ray-cluster: Ray's cluster launcher on AWS (ray up); kuberay: a RayJob for KubeRay.")
-@click.option("--nodes", type=click.IntRange(min=1), help="Worker nodes [default: the fewest that hold the plan].")
-@click.option("--deadline", metavar="DURATION", help="Size for this wall time instead, e.g. 20m, 2h.")
+@click.option("--nodes", type=click.IntRange(min=1), help="Worker nodes [default: chosen from the estimate, as `estimate` does].")
+@deadline_option
 @click.option("--max-nodes", type=click.IntRange(min=1), help="The autoscaler's upper bound [default: the count chosen].")
 @click.option("--instance-type", default="r5.2xlarge", show_default=True, help="Worker node type from the price table.")
 @click.option("--iterations", type=click.IntRange(min=1), help="Iterations to assume [default: params.max_iter].")
@@ -36,7 +36,7 @@ from arrayjob.cli.options import debug_option, set_option
               help="kuberay: seconds the finished RayJob is kept.")
 @set_option
 @debug_option
-def deploy(spec: str, target: str, nodes: int | None, deadline: str | None, max_nodes: int | None, instance_type: str,
+def deploy(spec: str, target: str, nodes: int | None, deadline: float | None, max_nodes: int | None, instance_type: str,
            iterations: int | None, output: str | None, region: str, head_profile: str, worker_profile: str,
            package: str, image: str | None, service_account: str, role_arn: str, ttl: int,
            overrides: tuple[str, ...], debug: bool) -> None:
@@ -47,7 +47,7 @@ def deploy(spec: str, target: str, nodes: int | None, deadline: str | None, max_
     from arrayjob import runner
     from arrayjob.costing.prices import load_prices
     from arrayjob.costing.profile import load_profile
-    from arrayjob.deploy import deploy_file, parse_deadline, size_cluster
+    from arrayjob.deploy import deploy_file, size_cluster
     from arrayjob.errors import SpecError
     from arrayjob.spec import load_spec
     from arrayjob.submission import sent_spec
@@ -56,7 +56,6 @@ def deploy(spec: str, target: str, nodes: int | None, deadline: str | None, max_
         raise SpecError("--nodes, --deadline: give one of them, not both")
     if instance_type == "local":
         raise SpecError("--instance-type: 'local' is this machine; name a cloud node type from the price table")
-    seconds = None if deadline is None else parse_deadline(deadline)
     job_spec = load_spec(spec, list(overrides))
     local = [f"inputs.{name}" for name, loc in job_spec.inputs.items() if not loc.is_s3]
     local += [] if job_spec.output.is_s3 else ["output.uri"]
@@ -66,7 +65,7 @@ def deploy(spec: str, target: str, nodes: int | None, deadline: str | None, max_
     prices = load_prices()
     sized = size_cluster(runner.prepare(job_spec), job_spec, instance=prices.instance(instance_type), prices=prices,
                          profile=load_profile(), nodes=nodes, max_nodes=max_nodes, iterations=iterations,
-                         deadline=seconds)
+                         deadline=deadline)
     command = shlex.join(["arrayjob", "deploy", *sys.argv[2:]]) if sys.argv[1:2] == ["deploy"] else "arrayjob deploy"
     text = deploy_file(target, job_spec, sized, sent_spec(job_spec), command, {
         "region": region, "head_profile": head_profile, "worker_profile": worker_profile, "package": package,

@@ -14,7 +14,7 @@ import click
 
 from arrayjob import __version__
 from arrayjob.cli.deploy import deploy
-from arrayjob.cli.options import debug_option, set_option
+from arrayjob.cli.options import deadline_option, debug_option, set_option
 from arrayjob.cli.remote import logs, status, stop, submit
 from arrayjob.errors import ArrayJobError, Terminated
 
@@ -60,19 +60,6 @@ nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,
                             help="Nodes to run on  [default: chosen from the estimate]")
 
 
-def _duration_value(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    from arrayjob.units import seconds
-
-    if value is None:
-        return None
-    try:
-        return seconds(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-deadline_option = click.option("--deadline", callback=_duration_value, metavar="DURATION",
-                               help="Choose the cheapest node count the estimate finishes within, e.g. 20m.")
 max_cost_option = click.option("--max-cost", type=click.FloatRange(min=0), help="Fail (exit 3) above this many dollars.")
 
 
@@ -433,11 +420,21 @@ def _signal_cause(exc: BaseException) -> BaseException | None:
     return None
 
 
+def _click_message(exc: click.ClickException) -> str:
+    """Click's error as our one line: ``--deadline: expected a duration ...`` for a bad value,
+    click's own sentence (``No such option: --nods``) otherwise; the command's ``--help`` says
+    the rest."""
+    if isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter) and exc.param is not None:
+        names = exc.param.opts if isinstance(exc.param, click.Option) else [exc.param.human_readable_name]
+        return f"{'/'.join(names)}: {exc.message}"
+    return " ".join(exc.format_message().split())
+
+
 def _run(args: list[str], debug: bool) -> int:
     try:
         cli.main(args=args, prog_name="arrayjob", standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
+    except click.ClickException as exc:  # a bad option or argument: one line, as every error
+        click.echo(f"arrayjob: error: {_click_message(exc)}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("arrayjob: interrupted", err=True)

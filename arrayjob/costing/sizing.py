@@ -159,10 +159,12 @@ def _ratio(a: float, b: float) -> str:
 
 def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable, profile: MachineProfile,
                  nodes: int | None = None, deadline: float | None = None, iterations: int | None = None,
-                 min_nodes: int | None = None, max_nodes: int | None = None) -> NodeChoice:
+                 min_nodes: int | None = None, max_nodes: int | None = None, local: bool | None = None,
+                 ) -> NodeChoice:
     """Choose how many ``instance`` nodes ``job`` runs on, from its estimate (see the module's
     rules). ``min_nodes``/``max_nodes`` default to the spec's ``[cluster]`` keys; ``deadline``
-    is in seconds.
+    is in seconds. ``local`` (default: ``cluster.address`` is ``"local"``): the job runs on
+    this machine, which no count changes (rule 3).
 
     >>> choice = choose_nodes(job, spec, instance=prices.instance("r5.2xlarge"), prices=prices,
     ...                       profile=load_profile(), max_nodes=16)   # doctest: +SKIP
@@ -185,7 +187,9 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
                                        f"({store}): {needed} nodes would hold it")
         return NodeChoice(nodes, instance, "nodes", reason, needed, fits, price(nodes), price.priced())
 
-    if deadline is None and ceiling is None and spec.cluster.address == "local":
+    if local is None:
+        local = spec.cluster.address == "local"
+    if deadline is None and ceiling is None and local:
         fits = price.fits(floor)
         needed = floor if fits else _memory_count(price, floor, limit)
         reason = "a local Ray: the job runs on this machine"
