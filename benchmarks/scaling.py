@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -108,8 +107,7 @@ def bounds(nodes: int) -> dict[str, tuple[int, dict[str, int]]]:
     d, e = 1000, 100
     n, chunk = _rows(d)
     X, Y = _array("X", (n, d), chunk), _array("Y", (n, d), chunk)
-    Z = _array("Z", (n, e), max(1, chunk * d // e))
-    Z = ArrayInfo("Z", Z.location, (n, e), "float64", (chunk, e), 3)  # co-partitioned with X
+    Z = _array("Z", (n, e), chunk)  # co-partitioned with X: the same rows per chunk
     y = _array("y", (n,), chunk)
     x, yy, z, labels = lazy.from_zarr(X), lazy.from_zarr(Y), lazy.from_zarr(Z), lazy.from_zarr(y)
     w = lazy.value("w", (d,))
