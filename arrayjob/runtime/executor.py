@@ -82,13 +82,14 @@ class LocalExecutor:
         self._streaming = False  # under a budget: blocks not loaded are read at each use
         self._read_once: set[tuple[Source, tuple[int, ...]]] = set()
 
-    def _block(self, plan: PhysicalPlan, ref: SourceBlock) -> np.ndarray:
+    def _block(self, plan: PhysicalPlan, ref: SourceBlock, hold: bool = False) -> np.ndarray:
+        """``ref``'s block: held, or read now; kept unless streaming (``hold``: keep it anyway)."""
         source = plan.source(ref.array)
         key = (source, ref.index)
         if key not in self._blocks:
             block, stats = load_and_check(source, ref.index, self.options)
             self.metrics.count_storage(_counters(stats))
-            if self._streaming:
+            if self._streaming and not hold:
                 reread = stats["nbytes"] if key in self._read_once else 0
                 self._read_once.add(key)
                 self.metrics.count_stream(reread=reread, reread_requests=stats["get_requests"] if reread else 0)
@@ -98,14 +99,13 @@ class LocalExecutor:
         return self._blocks[key]
 
     def load(self, plan: PhysicalPlan, residency: Residency | None = None) -> None:
+        streams = residency is not None and residency.streams
         for source in plan.sources:
             for index in source.grid.indices():
                 ref = SourceBlock(source.array.name, index)
-                if residency is not None and residency.streams:
-                    self._streaming = True
-                    if ref not in residency.resident:
-                        continue
-                self._block(plan, ref)
+                if not streams or ref in residency.resident:  # type: ignore[union-attr]
+                    self._block(plan, ref, hold=True)
+        self._streaming = self._streaming or streams  # from now on, blocks not held are read at each use
 
     def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
         self._streaming = True
