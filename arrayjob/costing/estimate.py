@@ -8,6 +8,7 @@ and requests at the price table's rates. Nothing here reads data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import tempfile
@@ -30,6 +31,7 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import (
     Residency,
     StreamRates,
+    block_target,
     demotions,
     intermediate_peak,
     plan_residency,
@@ -246,8 +248,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     Raises ``BudgetError`` when a block cannot fit the budget even streamed."""
     cluster = ClusterShape(nodes=nodes, workers_per_node=max(1, instance.vcpus),
                            memory_per_node=int(instance.memory_gib * 2**30))
+    budget = budget_bytes(spec, instance, store_bytes)
+    inputs = sum(info.nbytes for info in getattr(job, "arrays", {}).values())
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
                           placement=spec.planner.placement, cluster=cluster)
+    options = dataclasses.replace(options,
+                                  target_block_bytes=block_target(budget, inputs, options.target_block_bytes))
     assumed, source = job.iterations_assumed(iterations)
     declared = job.stages(cluster.workers)
     load = StageEstimate("load")
@@ -261,7 +267,6 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
     peaks: dict[str, list[list[int]]] = {name: [] for name in by_stage}
-    budget = budget_bytes(spec, instance, store_bytes)
     rates = rates or stream_rates(profile)
     residencies: list[Residency] = []
     # kept in the store: (URI, block) -> (node, bytes), in the order admitted
