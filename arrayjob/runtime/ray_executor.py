@@ -155,7 +155,9 @@ class StreamedRead:
     def read(self, options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
         if self.spill is not None:
             with contextlib.suppress(FileNotFoundError, ValueError, OSError):
-                block = np.load(self.spill, allow_pickle=False)
+                # mapped, not copied: the task reads the node's page cache in place (read-only,
+                # as blocks from the object store are)
+                block = np.load(self.spill, mmap_mode="r", allow_pickle=False)
                 return block, {"spill_read": int(block.nbytes)}
         block, stats = load_and_check(self.source, self.index, options)
         if self.spill is not None:
