@@ -57,6 +57,18 @@ def faults_line(report: dict[str, Any]) -> list[str]:
     return [f"  faults: {', '.join(parts)}"] if parts else []
 
 
+def memory_line(report: dict[str, Any]) -> list[str]:
+    """"  memory: 31% of the inputs resident within a 480.0 MB budget; 10.8 GB brought back from the spill", when
+    the budget streamed anything."""
+    m, st = report["memory"], report["storage"]
+    if m.get("streamed_from") is None:
+        return []
+    back = st.get("bytes_reread", 0) + m.get("spill_bytes_read", 0)
+    return [f"  memory: {m['resident_fraction']:.0%} of the inputs resident within a {size(m['budget_bytes'])} budget "
+            f"(peak {size(max(m['peak_bytes_per_node'], default=0))}); {size(back)} brought back from the "
+            f"{m['streamed_from']}"]
+
+
 def summary(outcome: Any, *, table: bool = False) -> str:
     """What `arrayjob run` prints when it finishes."""
     spec = outcome.spec
@@ -74,6 +86,7 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
         f"{r['tasks']['count']:,} tasks on {_nodes(r)}, {r['cluster']['cpus']} CPUs",
+        *memory_line(r),
         *faults_line(r),
         f"  result: {spec.output.join(outcome.manifest['prefix'])}/result.zarr (run {outcome.manifest['run_id']}); "
         "report.json, report.html beside it",
