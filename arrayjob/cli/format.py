@@ -61,6 +61,10 @@ def memory_line(report: dict[str, Any]) -> list[str]:
     """"  memory: 31% of the inputs resident within a 480.0 MB budget; 10.8 GB brought back from the spill", when
     the budget streamed anything."""
     m, st = report["memory"], report["storage"]
+    peak, budget = max(m["peak_bytes_per_node"], default=0), m.get("budget_bytes")
+    if budget is not None and peak > budget:  # blocks the budget does not govern (PageRank's kept graph)
+        return [f"  memory: peak {size(peak)} over the {size(budget)} budget: intermediates and blocks kept "
+                "between programs (PageRank's graph) are not streamed"]
     if m.get("streamed_from") is None:
         return []
     back = st.get("bytes_reread", 0) + m.get("spill_bytes_read", 0)

@@ -45,8 +45,9 @@ class Executor(Protocol):
     def close(self) -> None:
         """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
 
-    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
-        """Run ``plan`` and keep its outputs, unfetched, as blocks 0, 1, ... of ``handle``."""
+    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
+             order: tuple[int, ...] | None = None) -> None:
+        """Run ``plan`` (tasks submitted in ``order``, if given) and keep its outputs, unfetched, as blocks 0, 1, ... of ``handle``."""
 
     def alias(self, name: str, handle: str, positions: range) -> None:
         """Name blocks ``positions`` of ``handle`` as blocks 0, 1, ... of ``name``."""
@@ -117,7 +118,8 @@ class LocalExecutor:
     def close(self) -> None:
         pass
 
-    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
+    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
+             order: tuple[int, ...] | None = None) -> None:
         self._kept[handle] = self.run(plan, values)
 
     def alias(self, name: str, handle: str, positions: range) -> None:

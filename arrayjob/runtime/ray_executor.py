@@ -493,17 +493,20 @@ class RayExecutor:
                                       spill_written=stats.get("spill_written", 0))
 
     # -- blocks kept between programs (Session.persist) --------------------------------------
-    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
-        outs, records = self._submit(plan, values)
+    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
+             order: tuple[int, ...] | None = None) -> None:
+        outs, records = self._submit(plan, values, order)
         if self._pending_stats:
             self._collect_stats()
         if self.measure:  # waits for the tasks, and raises what failed
-            ran = self._measure(plan, values, self._get(records))
+            ran = self._measure(plan, values, self._get(records), order)
             for ref, o in zip(outs, plan.outputs, strict=True):
                 node, out_bytes = ran[o.task]
                 self._kept_home[ref] = (node, out_bytes[o.output])
         else:
             ray.wait(outs, num_returns=len(outs), fetch_local=False)
+            for record in self._get(records):  # streaming tasks report their reads even unmeasured
+                self._count_reads(plan, record[4])
         self._kept[handle] = outs
 
     def alias(self, name: str, handle: str, positions: range) -> None:

@@ -133,8 +133,13 @@ class Session:
         if residency is None:
             self.executor.load(plan.physical)
             return
+        self._admit(plan.physical, residency)
+        # everything fits: the plan runs as it always did
+        self.executor.load(plan.physical, residency if residency.streams else None)
+
+    def _admit(self, physical: PhysicalPlan, residency: Residency) -> None:
+        """Record the planner's split of ``physical``'s blocks (what is resident, by node)."""
         self.residencies.append(residency)
-        physical = plan.physical
         nodes = len(self._resident_bytes)
         homes = {a: (t.node if t.node is not None else i) % nodes
                  for i, t in enumerate(physical.tasks) for a in t.args if isinstance(a, SourceBlock)}
@@ -142,9 +147,23 @@ class Session:
             if self._key(physical, block) not in self._resident:
                 self._resident[self._key(physical, block)] = (homes[block], residency.block_bytes[block])
                 self._resident_bytes[homes[block]] += residency.block_bytes[block]
-        self._streamed |= {self._key(physical, b) for b in residency.streamed}
-        # everything fits: the plan runs as it always did
-        self.executor.load(physical, residency if residency.streams else None)
+        self._streamed |= {self._key(physical, b) for b in residency.streamed} - set(self._resident)
+
+    def _decide(self, physical: PhysicalPlan) -> None:
+        """Under a budget, split the stored blocks of a program no load has decided (PageRank
+        reads its edges in its first programs) before it runs; when nothing streams, the
+        executor reads them on first use, as without a budget."""
+        if self.budget is None:
+            return
+        keys = {self._key(physical, a) for t in physical.tasks for a in t.args if isinstance(a, SourceBlock)}
+        if not keys - set(self._resident) - self._streamed:
+            return
+        residency = self.residency(physical)
+        assert residency is not None
+        self._admit(physical, residency)
+        if residency.streams or self._streamed:
+            self._orders.clear()
+            self.executor.load(physical, residency)
 
     def persist(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None,
                 handle: str | None = None) -> dict[str, BlockArray]:
@@ -161,8 +180,8 @@ class Session:
         if self.on_run:
             self.on_run("persist", plan.graph)
         values = {**bound_values(list(outputs.values())), **(values or {})}
-        self._make_room(plan.physical)
-        self.executor.keep(plan.physical, self._bind(plan, values), handle)
+        self._decide(plan.physical)
+        self.executor.keep(plan.physical, self._bind(plan, values), handle, order=self._order(plan.physical))
         kept: dict[str, BlockArray] = {}
         position = 0
         for name, out in zip(outputs, plan.assembly, strict=True):
@@ -199,5 +218,6 @@ class Session:
         values = {**bound_values(list(outputs.values())), **(values or {})}
         if self.on_run:
             self.on_run("compute", plan.graph)
+        self._decide(plan.physical)
         results = self.executor.run(plan.physical, self._bind(plan, values), order=self._order(plan.physical))
         return dict(zip(outputs, assemble_outputs(plan, results), strict=True))
