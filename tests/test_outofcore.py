@@ -208,3 +208,27 @@ def test_session_streams_under_a_budget_and_close_removes_the_spill(tmp_path, me
             assert len(os.listdir(spill_dir)) == len(residency.streamed)
             executor.close()
             assert not os.path.exists(spill_dir)
+
+
+def test_pagerank_streams_its_edges_and_says_when_its_graph_does_not_fit(workdir, capsys):
+    from arrayjob.cli.format import memory_line
+
+    code, _, err = run_cli(["datagen", "pagerank", str(workdir / "data"), "--rows", "20000"], capsys)
+    assert code == 0, err
+    spec = workdir / "pagerank.toml"
+    spec.write_text(f'[job]\nname = "ooc-pagerank"\nalgorithm = "pagerank"\n\n[inputs]\n'
+                    f'edges = "{workdir / "data" / "edges.zarr"}"\n\n[params]\nmax_iter = 20\n\n'
+                    f'[output]\nuri = "{workdir / "free"}"\n')
+    free = run_json(capsys, spec)
+    edges = free["storage"]["bytes_read"]
+    budget = int(0.4 * edges)
+    bounded = run_json(capsys, spec, f"cluster.memory_budget={budget}", f"output.uri={workdir / 'bounded'}")
+    np.testing.assert_allclose(results(str(workdir / "bounded"))["rank"], results(str(workdir / "free"))["rank"],
+                               rtol=1e-8, atol=1e-12)
+    memory = bounded["memory"]
+    assert 0 < memory["resident_fraction"] < 0.4 and memory["streamed_from"] is not None  # the edges stream
+    assert max(memory["peak_bytes_per_node"]) < max(free["memory"]["peak_bytes_per_node"])
+    # its graph and the build's intermediates are not streamed: the summary says so when over
+    (line,) = memory_line(bounded)
+    over = max(memory["peak_bytes_per_node"]) > budget
+    assert ("over the" in line) == over and ("resident within" in line) != over
