@@ -191,8 +191,12 @@ def test_session_streams_under_a_budget_and_close_removes_the_spill(tmp_path, me
         session.load(program)
         (residency,) = session.residencies
         assert residency.streams and 0 < residency.resident_fraction < 0.5  # the rest: intermediates
-        for _ in range(3):
-            out = session.compute(program, {"w": w})
+        try:
+            for _ in range(3):
+                out = session.compute(program, {"w": w})
+        except BaseException:
+            executor.close()
+            raise
         np.testing.assert_allclose(out["loss"], np.logaddexp(0.0, -(2 * y - 1) * z).sum(), rtol=1e-12)
         np.testing.assert_allclose(out["grad"], X.T @ (1 / (1 + np.exp(-z)) - y), rtol=1e-12)
         streaming = executor.metrics.streaming

@@ -70,6 +70,7 @@ class Session:
         self._streamed: set[tuple[str, SourceBlock]] = set()
         self._resident_bytes = [0] * max(1, self.options.cluster.nodes)
         self._orders: dict[int, tuple[PhysicalPlan, tuple[int, ...] | None]] = {}
+        self._peaks: dict[int, tuple[PhysicalPlan, tuple[int, ...]]] = {}
 
     def residency(self, physical: PhysicalPlan) -> Residency | None:
         """The planner's split of ``physical``'s blocks under the budget, given what earlier
@@ -90,7 +91,12 @@ class Session:
         fit beside them (``planner.residency.demotions``)."""
         if self.budget is None or not self._resident:
             return
-        peaks = intermediate_peak(physical, len(self._resident_bytes))
+        cached = self._peaks.get(id(physical))
+        if cached is None or cached[0] is not physical:  # one replay per plan, not per iteration
+            if len(self._peaks) > 64:
+                self._peaks.clear()
+            cached = self._peaks[id(physical)] = (physical, intermediate_peak(physical, len(self._resident_bytes)))
+        peaks = cached[1]
         dropped = demotions([(k, n, b) for k, (n, b) in self._resident.items()], self.budget.bytes, peaks)
         for key in dropped:
             node, nbytes = self._resident.pop(key)  # type: ignore[call-overload]
