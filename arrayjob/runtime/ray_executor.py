@@ -157,7 +157,7 @@ class StreamedRead:
             with contextlib.suppress(FileNotFoundError, ValueError, OSError):
                 # mapped, not copied: the task reads the node's page cache in place (read-only,
                 # as blocks from the object store are)
-                block = np.load(self.spill, mmap_mode="r", allow_pickle=False)
+                block = np.asarray(np.load(self.spill, mmap_mode="r", allow_pickle=False))  # a plain ndarray view
                 return block, {"spill_read": int(block.nbytes)}
         block, stats = load_and_check(self.source, self.index, options)
         if self.spill is not None:
