@@ -117,7 +117,8 @@ class Estimate:
                         "put_requests": int(self.total("put_requests")),
                         "bytes_reread": int(self.total("bytes_reread")),
                         "reread_requests": int(self.total("reread_requests")),
-                        "bytes_reread_per_iteration": self.reread_per_iteration},
+                        "bytes_reread_per_iteration": self.reread_per_iteration,
+                        "reread_seconds_per_iteration": round(self.reread_seconds_per_iteration, 4)},
             "network": {"bytes_between_nodes": int(self.total("bytes_between_nodes"))},
             "memory": {"peak_bytes_per_node": self.peak_bytes_per_node,
                        "bytes_touched": int(self.total("bytes_touched")),
@@ -144,6 +145,17 @@ class Estimate:
     def reread_per_iteration(self) -> int:
         """Input bytes brought back each iteration (from storage or the spill)."""
         return sum(r.streamed_bytes for r in self.residencies if r.repeats > 1)
+
+    @property
+    def reread_seconds_per_iteration(self) -> float:
+        """What bringing those bytes back takes, at the calibrated rate of where they come from
+        (spread over the nodes; overlapped with compute in the stage's time)."""
+        seconds = 0.0
+        for r in self.residencies:
+            if r.repeats > 1 and r.streams:
+                rate = self.profile.spill_read_bytes_per_s if r.source == "spill" else self.profile.storage_read_bytes_per_s
+                seconds += r.streamed_bytes / (rate * max(1, self.nodes))
+        return seconds
 
     def assumptions(self) -> list[str]:
         p = self.profile
