@@ -6,6 +6,7 @@ everything is written (see ``io.output``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -25,7 +26,7 @@ from arrayjob.io.output import JobOutput
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import Job, JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions
-from arrayjob.planner.residency import Residency
+from arrayjob.planner.residency import Residency, block_target
 from arrayjob.report import html as report_html
 from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import ClusterInfo, cluster_shape, ray_cluster
@@ -70,9 +71,16 @@ def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
     return arrays
 
 
-def plan_options(spec: JobSpec, cluster: ClusterShape) -> PlanOptions:
+def plan_options(spec: JobSpec, cluster: ClusterShape, job: Job | None = None,
+                 budget: MemoryBudget | None = None) -> PlanOptions:
+    """The planner's options; under a budget the inputs exceed, finer blocks (``block_target``)."""
     p = spec.planner
-    return PlanOptions(tiling=p.tiling, fusion=p.fusion, placement=p.placement, cluster=cluster)
+    options = PlanOptions(tiling=p.tiling, fusion=p.fusion, placement=p.placement, cluster=cluster)
+    if job is None or budget is None:
+        return options
+    inputs = sum(info.nbytes for info in job.arrays.values())
+    return dataclasses.replace(options, target_block_bytes=block_target(budget.bytes, inputs,
+                                                                        options.target_block_bytes))
 
 
 def memory_budget(spec: JobSpec, job: Job, cluster: ClusterInfo, profile: MachineProfile) -> MemoryBudget:
@@ -199,7 +207,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
                                    relocate=relocation(profile))
             stack.callback(executor.close)  # its spill of streamed blocks, if any
             budget = memory_budget(spec, job, cluster, profile)
-            session = Session(executor, plan_options(spec, cluster_shape(cluster)), budget=budget)
+            session = Session(executor, plan_options(spec, cluster_shape(cluster), job, budget), budget=budget)
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
             result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints))
             metrics.count_storage(group.counters)

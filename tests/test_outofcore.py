@@ -162,3 +162,78 @@ def test_a_block_bigger_than_the_budget_is_refused_before_anything_runs(workdir,
     assert not (workdir / "out").exists() or not any((workdir / "out").rglob("_SUCCESS"))
     code, _, err2 = run_cli(["estimate", str(spec), "--set", "cluster.memory_budget=50000"], capsys)
     assert code == 2 and err2 == err
+
+
+@pytest.mark.parametrize("measure", [True, False])
+def test_session_streams_under_a_budget_and_close_removes_the_spill(tmp_path, measure):
+    import os
+
+    import ray
+
+    from arrayjob.io.locations import StorageOptions
+    from arrayjob.planner.plan import ClusterShape, PlanOptions
+    from arrayjob.planner.residency import StreamRates
+    from arrayjob.runtime.executor import LocalExecutor
+    from arrayjob.runtime.ray_executor import RayExecutor
+    from arrayjob.runtime.session import MemoryBudget, Session
+    from tests.test_multinode import logreg_program
+
+    program, X, y = logreg_program(tmp_path)  # 12 row blocks of 500 × 5 (and y)
+    node_ids = tuple(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    options = PlanOptions(tiling="naive", fusion="none", placement="lshs", cluster=ClusterShape(nodes=1),
+                          target_block_bytes=500 * 5 * 8)
+    spill = StreamRates(bucket_bytes_per_s=1e8, spill_bytes_per_s=1e9, spill_capacity=2**30)
+    ray_executor = RayExecutor(StorageOptions(), node_ids, measure=measure)
+    w = np.linspace(-1, 1, X.shape[1])
+    z = X @ w
+    for executor, rates in ((ray_executor, spill), (LocalExecutor(StorageOptions()), None)):
+        budget = MemoryBudget(X.nbytes // 2, repeats=4, rates=rates)
+        session = Session(executor, options, budget=budget)
+        session.load(program)
+        (residency,) = session.residencies
+        assert residency.streams and 0 < residency.resident_fraction < 0.5  # the rest: intermediates
+        try:
+            for _ in range(3):
+                out = session.compute(program, {"w": w})
+        except BaseException:
+            executor.close()
+            raise
+        np.testing.assert_allclose(out["loss"], np.logaddexp(0.0, -(2 * y - 1) * z).sum(), rtol=1e-12)
+        np.testing.assert_allclose(out["grad"], X.T @ (1 / (1 + np.exp(-z)) - y), rtol=1e-12)
+        streaming = executor.metrics.streaming
+        physical = session.plan(program).physical
+        uses = {b: sum(b in t.args for t in physical.tasks) for b in residency.streamed}  # unfused: X twice
+        again = sum((3 * n - 1) * residency.block_bytes[b] for b, n in uses.items())  # all reads but the first
+        if rates is None:  # in process: re-read from storage at every use after the first
+            assert streaming.bytes_reread == again
+        else:  # the first read wrote the spill, every later one read it back
+            assert streaming.bytes_reread == 0 and streaming.spill_bytes_written == residency.streamed_bytes
+            assert streaming.spill_bytes_read == again
+            spill_dir = ray_executor._spill_dir
+            assert len(os.listdir(spill_dir)) == len(residency.streamed)
+            executor.close()
+            assert not os.path.exists(spill_dir)
+
+
+def test_pagerank_streams_its_edges_and_says_when_its_graph_does_not_fit(workdir, capsys):
+    from arrayjob.cli.format import memory_line
+
+    code, _, err = run_cli(["datagen", "pagerank", str(workdir / "data"), "--rows", "20000"], capsys)
+    assert code == 0, err
+    spec = workdir / "pagerank.toml"
+    spec.write_text(f'[job]\nname = "ooc-pagerank"\nalgorithm = "pagerank"\n\n[inputs]\n'
+                    f'edges = "{workdir / "data" / "edges.zarr"}"\n\n[params]\nmax_iter = 20\n\n'
+                    f'[output]\nuri = "{workdir / "free"}"\n')
+    free = run_json(capsys, spec)
+    edges = free["storage"]["bytes_read"]
+    budget = int(0.4 * edges)
+    bounded = run_json(capsys, spec, f"cluster.memory_budget={budget}", f"output.uri={workdir / 'bounded'}")
+    np.testing.assert_allclose(results(str(workdir / "bounded"))["rank"], results(str(workdir / "free"))["rank"],
+                               rtol=1e-8, atol=1e-12)
+    memory = bounded["memory"]
+    assert 0 < memory["resident_fraction"] < 0.4 and memory["streamed_from"] is not None  # the edges stream
+    assert max(memory["peak_bytes_per_node"]) < max(free["memory"]["peak_bytes_per_node"])
+    # its graph and the build's intermediates are not streamed: the summary says so when over
+    (line,) = memory_line(bounded)
+    over = max(memory["peak_bytes_per_node"]) > budget
+    assert ("over the" in line) == over and ("resident within" in line) != over

@@ -155,3 +155,21 @@ def test_a_block_bigger_than_the_budget_is_refused(tmp_path) -> None:
     assert "a block of inputs.X is 128.0 kB (128,000 bytes)" in message
     assert "chunks of at most" in message and "cluster.memory_budget" in message
     assert caught.value.exit_code == 2
+
+
+def test_finer_blocks_when_the_inputs_exceed_the_budget(tmp_path) -> None:
+    from arrayjob.planner.plan import TARGET_BLOCK_BYTES
+    from arrayjob.planner.residency import block_target
+
+    assert block_target(10**9, 10**8, TARGET_BLOCK_BYTES) == TARGET_BLOCK_BYTES  # fits: the plan as it was
+    assert block_target(480 * 10**6, 1536 * 10**6, TARGET_BLOCK_BYTES) == 60 * 10**6
+    # the X (3,000,000 × 64, 1.54 GB; metadata only) under a 480 MB budget
+    X = ArrayInfo("X", parse_uri(str(tmp_path / "X.zarr")), (3_000_000, 64), "float64", (100_000, 64), 3)
+    program = [la.sum(la.from_zarr(X) @ la.value("w", (64,)))]
+    resident = {}
+    for target in (TARGET_BLOCK_BYTES, block_target(480 * 10**6, X.nbytes, TARGET_BLOCK_BYTES)):
+        options = PlanOptions(cluster=ClusterShape(nodes=1, workers_per_node=2), target_block_bytes=target)
+        physical = make_plan(la.capture(program), options).physical
+        resident[target] = plan_residency(physical, 1, 480 * 10**6, repeats=100).resident_fraction
+    coarse, fine = resident.values()
+    assert coarse < 0.2 < 0.28 < fine <= 480 / 1536

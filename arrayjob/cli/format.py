@@ -86,6 +86,20 @@ def nodes_line(report: dict[str, Any]) -> list[str]:
     return [f"  nodes: asked for {n['requested']} × {n['instance_type']}, used {n['count']} at most "
             f"({n['added']} added), {n['node_seconds']:.1f} node-seconds"
             + (f", ${dollars:.4f} of compute" if dollars is not None else "")]
+def memory_line(report: dict[str, Any]) -> list[str]:
+    """"  memory: 31% of the inputs resident within a 480.0 MB budget; 10.8 GB brought back from the spill", when
+    the budget streamed anything."""
+    m, st = report["memory"], report["storage"]
+    peak, budget = max(m["peak_bytes_per_node"], default=0), m.get("budget_bytes")
+    if budget is not None and peak > budget:  # blocks the budget does not govern (PageRank's kept graph)
+        return [f"  memory: peak {size(peak)} over the {size(budget)} budget: intermediates and blocks kept "
+                "between programs (PageRank's graph) are not streamed"]
+    if m.get("streamed_from") is None:
+        return []
+    back = st.get("bytes_reread", 0) + m.get("spill_bytes_read", 0)
+    return [f"  memory: {m['resident_fraction']:.0%} of the inputs resident within a {size(m['budget_bytes'])} budget "
+            f"(peak {size(max(m['peak_bytes_per_node'], default=0))}); {size(back)} brought back from the "
+            f"{m['streamed_from']}"]
 
 
 def summary(outcome: Any, *, table: bool = False) -> str:
@@ -105,6 +119,7 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
         f"{r['tasks']['count']:,} tasks on {_nodes(r)}, {r['cluster']['cpus']} CPUs",
+        *memory_line(r),
         *faults_line(r),
         *nodes_line(r),
         f"  result: {spec.output.join(outcome.manifest['prefix'])}/result.zarr (run {outcome.manifest['run_id']}); "

@@ -8,6 +8,7 @@ and requests at the price table's rates. Nothing here reads data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import tempfile
@@ -30,6 +31,7 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import (
     Residency,
     StreamRates,
+    block_target,
     demotions,
     intermediate_peak,
     plan_residency,
@@ -115,7 +117,8 @@ class Estimate:
                         "put_requests": int(self.total("put_requests")),
                         "bytes_reread": int(self.total("bytes_reread")),
                         "reread_requests": int(self.total("reread_requests")),
-                        "bytes_reread_per_iteration": self.reread_per_iteration},
+                        "bytes_reread_per_iteration": self.reread_per_iteration,
+                        "reread_seconds_per_iteration": round(self.reread_seconds_per_iteration, 4)},
             "network": {"bytes_between_nodes": int(self.total("bytes_between_nodes"))},
             "memory": {"peak_bytes_per_node": self.peak_bytes_per_node,
                        "bytes_touched": int(self.total("bytes_touched")),
@@ -144,6 +147,17 @@ class Estimate:
     def reread_per_iteration(self) -> int:
         """Input bytes brought back each iteration (from storage or the spill)."""
         return sum(r.streamed_bytes for r in self.residencies if r.repeats > 1)
+
+    @property
+    def reread_seconds_per_iteration(self) -> float:
+        """What bringing those bytes back takes, at the calibrated rate of where they come from
+        (spread over the nodes; overlapped with compute in the stage's time)."""
+        seconds = 0.0
+        for r in self.residencies:
+            if r.repeats > 1 and r.streams:
+                rate = self.profile.spill_read_bytes_per_s if r.source == "spill" else self.profile.storage_read_bytes_per_s
+                seconds += r.streamed_bytes / (rate * max(1, self.nodes))
+        return seconds
 
     def assumptions(self) -> list[str]:
         p = self.profile
@@ -244,8 +258,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     Raises ``BudgetError`` when a block cannot fit the budget even streamed."""
     cluster = ClusterShape(nodes=nodes, workers_per_node=max(1, instance.vcpus),
                            memory_per_node=int(instance.memory_gib * 2**30))
+    budget = budget_bytes(spec, instance, store_bytes)
+    inputs = sum(info.nbytes for info in getattr(job, "arrays", {}).values())
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
                           placement=spec.planner.placement, cluster=cluster)
+    options = dataclasses.replace(options,
+                                  target_block_bytes=block_target(budget, inputs, options.target_block_bytes))
     assumed, source = job.iterations_assumed(iterations)
     declared = job.stages(cluster.workers)
     load = StageEstimate("load")
@@ -259,7 +277,6 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
     peaks: dict[str, list[list[int]]] = {name: [] for name in by_stage}
-    budget = budget_bytes(spec, instance, store_bytes)
     rates = rates or stream_rates(profile)
     residencies: list[Residency] = []
     # kept in the store: (URI, block) -> (node, bytes), in the order admitted

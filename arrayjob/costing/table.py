@@ -59,7 +59,8 @@ def table(est: Estimate, choice: str = "") -> str:
     if est.resident_fraction < 1:
         source = next((r.source for r in est.residencies if r.streams), "bucket")
         lines.append(f" Resident: {est.resident_fraction:.0%} of the inputs; streamed from the {source}, "
-                     f"{size(est.reread_per_iteration)} brought back per iteration")
+                     f"{size(est.reread_per_iteration)} brought back per iteration "
+                     f"(about {est.reread_seconds_per_iteration:.2f} s)")
     if choice:
         lines.append(f" Nodes: {choice}")
     lines += [f" Assumes: {a}" for a in est.assumptions()]

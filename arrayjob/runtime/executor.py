@@ -45,8 +45,9 @@ class Executor(Protocol):
     def close(self) -> None:
         """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
 
-    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
-        """Run ``plan`` and keep its outputs, unfetched, as blocks 0, 1, ... of ``handle``."""
+    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
+             order: tuple[int, ...] | None = None) -> None:
+        """Run ``plan`` (tasks submitted in ``order``, if given) and keep its outputs, unfetched, as blocks 0, 1, ... of ``handle``."""
 
     def alias(self, name: str, handle: str, positions: range) -> None:
         """Name blocks ``positions`` of ``handle`` as blocks 0, 1, ... of ``name``."""
@@ -89,13 +90,14 @@ class LocalExecutor:
     def nodes_now(self) -> int | None:
         return None  # one process: nothing comes or goes
 
-    def _block(self, plan: PhysicalPlan, ref: SourceBlock) -> np.ndarray:
+    def _block(self, plan: PhysicalPlan, ref: SourceBlock, hold: bool = False) -> np.ndarray:
+        """``ref``'s block: held, or read now; kept unless streaming (``hold``: keep it anyway)."""
         source = plan.source(ref.array)
         key = (source, ref.index)
         if key not in self._blocks:
             block, stats = load_and_check(source, ref.index, self.options)
             self.metrics.count_storage(_counters(stats))
-            if self._streaming:
+            if self._streaming and not hold:
                 reread = stats["nbytes"] if key in self._read_once else 0
                 self._read_once.add(key)
                 self.metrics.count_stream(reread=reread, reread_requests=stats["get_requests"] if reread else 0)
@@ -105,14 +107,13 @@ class LocalExecutor:
         return self._blocks[key]
 
     def load(self, plan: PhysicalPlan, residency: Residency | None = None) -> None:
+        streams = residency is not None and residency.streams
         for source in plan.sources:
             for index in source.grid.indices():
                 ref = SourceBlock(source.array.name, index)
-                if residency is not None and residency.streams:
-                    self._streaming = True
-                    if ref not in residency.resident:
-                        continue
-                self._block(plan, ref)
+                if not streams or ref in residency.resident:  # type: ignore[union-attr]
+                    self._block(plan, ref, hold=True)
+        self._streaming = self._streaming or streams  # from now on, blocks not held are read at each use
 
     def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
         self._streaming = True
@@ -124,7 +125,8 @@ class LocalExecutor:
     def close(self) -> None:
         pass
 
-    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
+    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
+             order: tuple[int, ...] | None = None) -> None:
         self._kept[handle] = self.run(plan, values)
 
     def alias(self, name: str, handle: str, positions: range) -> None:

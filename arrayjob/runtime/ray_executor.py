@@ -156,7 +156,9 @@ class StreamedRead:
     def read(self, options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
         if self.spill is not None:
             with contextlib.suppress(FileNotFoundError, ValueError, OSError):
-                block = np.load(self.spill, allow_pickle=False)
+                # mapped, not copied: the task reads the node's page cache in place (read-only,
+                # as blocks from the object store are)
+                block = np.asarray(np.load(self.spill, mmap_mode="r", allow_pickle=False))  # a plain ndarray view
                 return block, {"spill_read": int(block.nbytes)}
         block, stats = load_and_check(self.source, self.index, options)
         if self.spill is not None:
@@ -566,17 +568,20 @@ class RayExecutor:
                                       spill_written=stats.get("spill_written", 0))
 
     # -- blocks kept between programs (Session.persist) --------------------------------------
-    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str) -> None:
-        outs, records = self._submit(plan, values)
+    def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
+             order: tuple[int, ...] | None = None) -> None:
+        outs, records = self._submit(plan, values, order)
         if self._pending_stats:
             self._collect_stats()
         if self.measure:  # waits for the tasks, and raises what failed
-            ran = self._measure(plan, values, self._get(records))
+            ran = self._measure(plan, values, self._get(records), order)
             for ref, o in zip(outs, plan.outputs, strict=True):
                 node, out_bytes = ran[o.task]
                 self._kept_home[ref] = (node, out_bytes[o.output])
         else:
             ray.wait(outs, num_returns=len(outs), fetch_local=False)
+            for record in self._get(records):  # streaming tasks report their reads even unmeasured
+                self._count_reads(plan, record[4])
         self._kept[handle] = outs
 
     def alias(self, name: str, handle: str, positions: range) -> None:

@@ -71,6 +71,7 @@ class Session:
         self._streamed: set[tuple[str, SourceBlock]] = set()
         self._resident_bytes = [0] * max(1, self.options.cluster.nodes)
         self._orders: dict[int, tuple[PhysicalPlan, tuple[int, ...] | None]] = {}
+        self._peaks: dict[int, tuple[PhysicalPlan, tuple[int, ...]]] = {}
 
     def residency(self, physical: PhysicalPlan) -> Residency | None:
         """The planner's split of ``physical``'s blocks under the budget, given what earlier
@@ -91,7 +92,12 @@ class Session:
         fit beside them (``planner.residency.demotions``)."""
         if self.budget is None or not self._resident:
             return
-        peaks = intermediate_peak(physical, len(self._resident_bytes))
+        cached = self._peaks.get(id(physical))
+        if cached is None or cached[0] is not physical:  # one replay per plan, not per iteration
+            if len(self._peaks) > 64:
+                self._peaks.clear()
+            cached = self._peaks[id(physical)] = (physical, intermediate_peak(physical, len(self._resident_bytes)))
+        peaks = cached[1]
         dropped = demotions([(k, n, b) for k, (n, b) in self._resident.items()], self.budget.bytes, peaks)
         for key in dropped:
             node, nbytes = self._resident.pop(key)  # type: ignore[call-overload]
@@ -145,8 +151,13 @@ class Session:
         if residency is None:
             self.executor.load(plan.physical)
             return
+        self._admit(plan.physical, residency)
+        # everything fits: the plan runs as it always did
+        self.executor.load(plan.physical, residency if residency.streams else None)
+
+    def _admit(self, physical: PhysicalPlan, residency: Residency) -> None:
+        """Record the planner's split of ``physical``'s blocks (what is resident, by node)."""
         self.residencies.append(residency)
-        physical = plan.physical
         nodes = len(self._resident_bytes)
         homes = {a: (t.node if t.node is not None else i) % nodes
                  for i, t in enumerate(physical.tasks) for a in t.args if isinstance(a, SourceBlock)}
@@ -154,9 +165,23 @@ class Session:
             if self._key(physical, block) not in self._resident:
                 self._resident[self._key(physical, block)] = (homes[block], residency.block_bytes[block])
                 self._resident_bytes[homes[block]] += residency.block_bytes[block]
-        self._streamed |= {self._key(physical, b) for b in residency.streamed}
-        # everything fits: the plan runs as it always did
-        self.executor.load(physical, residency if residency.streams else None)
+        self._streamed |= {self._key(physical, b) for b in residency.streamed} - set(self._resident)
+
+    def _decide(self, physical: PhysicalPlan) -> None:
+        """Under a budget, split the stored blocks of a program no load has decided (PageRank
+        reads its edges in its first programs) before it runs; when nothing streams, the
+        executor reads them on first use, as without a budget."""
+        if self.budget is None:
+            return
+        keys = {self._key(physical, a) for t in physical.tasks for a in t.args if isinstance(a, SourceBlock)}
+        if not keys - set(self._resident) - self._streamed:
+            return
+        residency = self.residency(physical)
+        assert residency is not None
+        self._admit(physical, residency)
+        if residency.streams or self._streamed:
+            self._orders.clear()
+            self.executor.load(physical, residency)
 
     def persist(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None,
                 handle: str | None = None) -> dict[str, BlockArray]:
@@ -173,8 +198,8 @@ class Session:
         if self.on_run:
             self.on_run("persist", plan.graph)
         values = {**bound_values(list(outputs.values())), **(values or {})}
-        self._make_room(plan.physical)
-        self.executor.keep(plan.physical, self._bind(plan, values), handle)
+        self._decide(plan.physical)
+        self.executor.keep(plan.physical, self._bind(plan, values), handle, order=self._order(plan.physical))
         kept: dict[str, BlockArray] = {}
         position = 0
         for name, out in zip(outputs, plan.assembly, strict=True):
@@ -211,5 +236,6 @@ class Session:
         values = {**bound_values(list(outputs.values())), **(values or {})}
         if self.on_run:
             self.on_run("compute", plan.graph)
+        self._decide(plan.physical)
         results = self.executor.run(plan.physical, self._bind(plan, values), order=self._order(plan.physical))
         return dict(zip(outputs, assemble_outputs(plan, results), strict=True))
