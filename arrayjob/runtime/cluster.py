@@ -282,6 +282,11 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
         if options.store_bytes is not None:
             kwargs["object_store_memory"] = options.store_bytes
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # Nothing reads a private Ray's metrics or task events (it has no dashboard), and a
+        # driver whose GCS died waits at shutdown to flush both to it: 10 s and more with
+        # ray[default] installed (its metrics agent), before the job can say why it failed.
+        os.environ.setdefault("RAY_enable_metrics_collection", "0")
+        os.environ.setdefault("RAY_task_events_report_interval_ms", "0")
         token = f"{os.getpid()}-{uuid.uuid4().hex}"
         watchdog = reaper.start(token)
         os.environ[reaper.OWNER_VARIABLE] = token  # inherited by every process of this Ray
