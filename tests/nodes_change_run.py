@@ -59,11 +59,13 @@ def _report(stdout: str) -> dict[str, object] | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir", type=Path)
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, default=400_000)  # a fit of a few seconds: time for a node to join
     parser.add_argument("--cols", type=int, default=16)
     parser.add_argument("--chunk-rows", type=int, default=10_000)
     parser.add_argument("--max-iter", type=int, default=60)
-    parser.add_argument("--change-after", type=float, default=1.0)
+    parser.add_argument("--change-after", type=float, default=1.0, help="seconds into the run a node is removed")
+    parser.add_argument("--add-after", type=float, default=0.0,
+                        help="seconds into the run a node is added (starting one takes seconds itself)")
     parser.add_argument("--timeout", type=float, default=240)
     args = parser.parse_args(argv)
 
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             deadline = started + args.timeout
             while job.poll() is None and time.monotonic() < deadline:
                 if ray.available_resources().get("CPU", cpus) < cpus:  # the job's tasks are running
-                    time.sleep(args.change_after)
+                    time.sleep(args.add_after if case == "added" else args.change_after)
                     if job.poll() is not None:
                         break
                     if case == "added":
