@@ -15,6 +15,7 @@ import numpy as np
 from arrayjob.errors import SpecError
 from arrayjob.io.arrays import create_array
 from arrayjob.io.locations import Location, StorageCounters, StorageOptions
+from arrayjob.io.output import probe_writable
 
 SLAB_BYTES = 64 * 2**20
 
@@ -202,4 +203,5 @@ def generate(algorithm: str, req: DatagenRequest) -> StorageCounters:
             raise SpecError(f"datagen: {name} must be >= 1, got {value}")
     if any(s < 1 for s in req.shape):
         raise SpecError(f"datagen: --shape sizes must be >= 1, got {req.shape}")
+    probe_writable(req.location, req.options, "URI")  # one line (exit 4), not a failure mid-write
     return GENERATORS[algorithm](req)

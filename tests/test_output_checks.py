@@ -274,3 +274,18 @@ def test_probe_of_a_new_output_leaves_no_directory(tmp_path):
     location = parse_uri(str(tmp_path / "results/deep/out"))
     JobOutput(location, StorageOptions(), "d").check(overwrite=False, expected_bytes=0)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.cli
+@pytest.mark.s3
+def test_datagen_into_a_missing_bucket_or_onto_a_file_is_one_line_exit_4(tmp_path, s3_endpoint, s3_bucket):
+    """datagen checks where it writes first, as run does: one line, exit 4, nothing written."""
+    run = arrayjob("datagen", "logreg", "s3://no-such-bucket-x/demo", "--rows", "100", cwd=tmp_path,
+                   env={"AWS_ENDPOINT_URL": s3_endpoint})
+    assert_one_line(run, 4, f"URI: s3://no-such-bucket-x/demo is not writable: the bucket 'no-such-bucket-x' "
+                            f"does not exist (at {s3_endpoint})")
+    (tmp_path / "file").write_text("x")
+    run = arrayjob("datagen", "logreg", str(tmp_path / "file"), "--rows", "100", cwd=tmp_path)
+    assert run.returncode == 4 and run.stdout == "" and run.stderr.count("\n") == 1, run.stderr
+    assert run.stderr.startswith(f"arrayjob: error: URI: {tmp_path / 'file'} is not writable: ")
+    assert (tmp_path / "file").read_text() == "x"

@@ -123,6 +123,16 @@ def check_room(location: Location, expected_bytes: int, free: int | None) -> Non
                            f"but its disk has {_size(free)} free")
 
 
+def probe_writable(location: Location, options: StorageOptions, key: str) -> int | None:
+    """Write an empty probe object under ``location`` and delete it, before anything is
+    written there: ``StorageError`` (exit 4) naming ``key`` when it cannot be (no bucket, no
+    answer, refused, read-only); else the space free there, where storage says."""
+    try:
+        return backend_for(location, options).probe_write(f"_probe-{uuid.uuid4().hex}")
+    except OSError as exc:
+        raise StorageError(f"{key}: {location} is not writable: {_reason(exc)}") from None
+
+
 def _size(n: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
