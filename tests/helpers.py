@@ -122,3 +122,23 @@ class CrashOnce:
         if not os.path.exists(self.marker):
             Path(self.marker).write_text("crashed")
             os._exit(1)
+
+
+def run_in_own_session(cmd: list[str], *, timeout: float, what: str, cwd: Path | None = None) -> None:
+    """Run ``cmd`` (a script that starts a Ray cluster, or a private namespace) in a session
+    of its own, and fail the test unless it exits 0 within ``timeout`` seconds. On a timeout its
+    whole process group is killed (the driver and the raylets it started), whatever happens."""
+    import signal
+    import subprocess
+
+    import pytest
+
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            _, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail(f"{what} did not finish in {timeout:g} s")
+    assert proc.returncode == 0, stderr[-3000:]

@@ -9,13 +9,13 @@ The matrix runs on a local 3-node ``ray.cluster_utils.Cluster`` in its own proce
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers import run_in_own_session
 from tests.node_loss import DEFAULT_CASES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,18 +26,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
     workdir = tmp_path_factory.mktemp("node-loss")
     out = workdir / "matrix.json"
     cmd = [sys.executable, str(REPO / "tests" / "node_loss.py"), "--workdir", str(workdir), "--out", str(out)]
-    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
-        try:
-            _, stderr = proc.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            import os
-            import signal
-
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver and the cluster's raylets it started
-            proc.communicate()
-            pytest.fail("the node-loss matrix did not finish in 15 minutes")
-    assert proc.returncode == 0, stderr[-3000:]
+    run_in_own_session(cmd, timeout=900, what="the node-loss matrix", cwd=REPO)
     return {case["case"]: case for case in json.loads(out.read_text())["cases"]}
 
 

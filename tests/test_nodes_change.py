@@ -8,9 +8,6 @@ a process talks to one Ray at a time, and the cluster's processes are its own.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ import pytest
 import zarr
 from sklearn.linear_model import LogisticRegression
 
-from tests.helpers import read_result
+from tests.helpers import read_result, run_in_own_session
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.multinode
@@ -30,15 +27,7 @@ pytestmark = pytest.mark.multinode
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     root = tmp_path_factory.mktemp("nodes-change")
     cmd = [sys.executable, str(REPO / "tests" / "nodes_change_run.py"), str(root)]
-    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
-        try:
-            _, stderr = proc.communicate(timeout=480)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver and the cluster's raylets it started
-            proc.communicate()
-            pytest.fail("the nodes-change run did not finish in 8 minutes")
-    assert proc.returncode == 0, stderr[-3000:]
+    run_in_own_session(cmd, timeout=480, what="the nodes-change run", cwd=REPO)
     return root, json.loads((root / "outcome.json").read_text())
 
 

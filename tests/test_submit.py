@@ -8,10 +8,7 @@ can touch no other Ray on this machine, and everything it started ends with the 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -23,6 +20,7 @@ import tomli_w
 from arrayjob.errors import SpecError
 from arrayjob.spec import load_spec
 from arrayjob.submission import job_end, job_headers, job_server_address, sent_spec
+from tests.helpers import run_in_own_session
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,15 +114,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("submit") / "cases.json"
     script = f"ip link set lo up && exec {sys.executable} {REPO / 'tests' / 'submit_cases.py'} --out {out}"
     cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "bash", "-c", script]
-    with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
-        try:
-            _, stderr = proc.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # unshare and the namespace's first process: the rest die with it
-            proc.communicate()
-            pytest.fail("the submit cases did not finish in 10 minutes")
-    assert proc.returncode == 0, stderr[-3000:]
+    # unshare and the namespace's first process are one process group: the rest die with it
+    run_in_own_session(cmd, timeout=600, what="the submit cases", cwd=REPO)
     result = json.loads(out.read_text())
     assert "error" not in result, result["error"]
     return result
