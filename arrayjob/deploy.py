@@ -30,7 +30,6 @@ from arrayjob.spec import JobSpec
 from arrayjob.units import size
 
 TARGETS = ("ray-cluster", "kuberay")
-OBJECT_STORE_SHARE = 0.3  # Ray's default object store: 30 % of a node's memory
 # the most of a node's memory an object store may take: workers need the rest (on Kubernetes,
 # within a pod given POD_MEMORY_SHARE of the node)
 OBJECT_STORE_MAX_SHARE = 0.55
@@ -61,10 +60,11 @@ class ClusterSize:
 
 
 def object_store_bytes(peak: int, instance: Instance) -> int:
-    """Ray's default share of the node's memory, or more if the plan's peak (with
-    ``MEMORY_HEADROOM`` to spare) needs it, up to ``OBJECT_STORE_MAX_SHARE``; whole MiB."""
+    """The node type's object store (the price table's, else Ray's default share of its memory),
+    or more if the plan's peak (with ``MEMORY_HEADROOM`` to spare) needs it, up to
+    ``OBJECT_STORE_MAX_SHARE``; whole MiB."""
     memory = instance.memory_gib * 2**30
-    wanted = max(OBJECT_STORE_SHARE * memory, peak / MEMORY_HEADROOM)
+    wanted = max(instance.object_store_bytes, peak / MEMORY_HEADROOM)
     return int(min(wanted, OBJECT_STORE_MAX_SHARE * memory)) // 2**20 * 2**20
 
 
