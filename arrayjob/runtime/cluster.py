@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
 import select
@@ -13,8 +14,9 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, redirect_stdout, suppress
 from dataclasses import dataclass, field
+from typing import TextIO
 
 from arrayjob.errors import ClusterError, Terminated
 from arrayjob.planner.plan import ClusterShape
@@ -180,6 +182,16 @@ class PrivateRayWatch:
     def message(self) -> str:
         return f"the job's Ray stopped under it: its {self.lost} died; nothing published"
 
+    def has_lost_one(self) -> bool:
+        """Whether the GCS or raylet is dead now, asked of the kernel (not of the watch thread,
+        which may not have woken up yet)."""
+        if self.lost is not None:
+            return True
+        with suppress(OSError, ValueError):
+            ready, _, _ = select.select(list(self._fds), [], [], 0)
+            return bool(ready)
+        return True  # the descriptors are closed: the watch is over
+
     def _watch(self) -> None:
         ready, _, _ = select.select([*self._fds, self._wake_r], [], [])
         died = [self._fds[fd] for fd in ready if fd in self._fds]
@@ -200,12 +212,41 @@ class PrivateRayWatch:
                 self.before_exit()
         os._exit(ClusterError.exit_code)
 
+    def quiet_once_lost(self, stream: TextIO) -> TextIO:
+        """``stream`` for what Ray's driver prints (a raylet's account of its own death), mute
+        once this Ray has lost its GCS or raylet: the watch says that in one line."""
+        return _MuteOnceLost(stream, self)
+
     def close(self) -> None:
         self._closed.set()
         os.write(self._wake_w, b"x")
         self._thread.join()
         for fd in [*self._fds, self._wake_r, self._wake_w]:
             os.close(fd)
+
+
+class _MuteOnceLost(io.TextIOBase):
+    """A text stream that passes writes to ``stream`` until ``watch`` finds its Ray lost.
+
+    Asked at each write, so a message that arrives because the raylet died is always dropped,
+    however the threads are scheduled.
+    """
+
+    def __init__(self, stream: TextIO, watch: PrivateRayWatch) -> None:
+        self._stream = stream
+        self._watch = watch
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not self._watch.has_lost_one():
+            self._stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with suppress(OSError, ValueError):
+            self._stream.flush()
 
 
 def _quiet_native_stderr() -> None:
@@ -308,7 +349,9 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
             if watchdog is not None:
                 _tell_session(watchdog)
                 watch = PrivateRayWatch(_private_processes(), before_exit=before_exit)
-            with _ray_failures(watch):
+            # Ray's driver prints to sys.stdout what a raylet reports, its own death included.
+            prints = redirect_stdout(watch.quiet_once_lost(sys.stdout)) if watch is not None else nullcontext()
+            with _ray_failures(watch), prints:
                 info = describe()
                 yield dataclasses.replace(info, started_here=True)
         finally:
