@@ -3,9 +3,10 @@
 ``requested_nodes`` asks Ray's autoscaler (``ray.autoscaler.sdk.request_resources``) for one
 bundle per node — the node type's CPUs and the object-store bytes the plan puts on a
 node — waits for them with a progress line, and always clears the request when the job
-ends, however it ends, so idle nodes scale back down. The autoscaler adds nodes (never
-fewer than the request fits, whatever else is queued) and removes them once idle for its
-``idle_timeout_minutes``; Ray's own scheduler places nothing here.
+ends, however it ends, so idle nodes scale back down (``runtime.request_guard`` clears it
+for a job killed outright). The autoscaler adds nodes (never fewer than the request fits,
+whatever else is queued) and removes them once idle for its ``idle_timeout_minutes``; Ray's
+own scheduler places nothing here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from arrayjob.errors import CapacityError
+from arrayjob.runtime import request_guard
 from arrayjob.runtime.cluster import ClusterInfo, describe
 from arrayjob.runtime.metrics import NodeLog
 from arrayjob.units import duration, size
@@ -69,6 +71,7 @@ def requested_nodes(request: NodeRequest, log: NodeLog, notify: Callable[[str], 
     from ray.autoscaler.sdk import request_resources
 
     log.start(worker_ids(ray.nodes()))
+    guard = request_guard.start(ray.get_runtime_context().gcs_address)  # for a job killed outright
     request_resources(bundles=request.bundles())
     try:
         start = clock()
@@ -98,6 +101,9 @@ def requested_nodes(request: NodeRequest, log: NodeLog, notify: Callable[[str], 
             notify(f"{up} nodes up after {duration(clock() - start)}")
         yield info
     finally:
+        cleared = False
         with suppress(Exception):  # the job is ending; a Ray gone away has no request left to clear
             clear_request()
+            cleared = True
+        request_guard.done(guard, cleared=cleared)
         log.release()

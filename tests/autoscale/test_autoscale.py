@@ -107,3 +107,21 @@ def test_scales_up_from_no_workers_runs_and_gives_the_nodes_back(fake_cluster, j
     # the request went with the job: the idle nodes go within the idle timeout (and the
     # autoscaler's own period of a few seconds)
     assert wait_for_workers(fake_cluster, 0, timeout=IDLE_TIMEOUT + 60) <= IDLE_TIMEOUT + 60
+
+
+@pytest.mark.timeout(420)
+def test_a_job_killed_outright_gives_the_nodes_back(fake_cluster, job):
+    """A SIGKILLed job cannot clear its request; its guard does, and the nodes go idle and away."""
+    wait_for_workers(fake_cluster, 0, timeout=IDLE_TIMEOUT + 90)
+    log = job / "killed.log"
+    run = subprocess.Popen([str(Path(sys.executable).parent / "arrayjob"), "run", "job.toml",
+                            "--set", f"cluster.address={json.dumps(fake_cluster)}", "--set", "cluster.max_nodes=4",
+                            "--set", "params.max_iter=100000", "--set", "params.tol=1e-300", "--overwrite"],
+                           cwd=job, env=cluster_env(), stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        wait_for_workers(fake_cluster, 3, timeout=240)  # the request is in and met
+        assert run.poll() is None, log.read_text()
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    assert wait_for_workers(fake_cluster, 0, timeout=IDLE_TIMEOUT + 90) <= IDLE_TIMEOUT + 90
