@@ -1,9 +1,10 @@
 """Run ``arrayjob run --nodes 2`` on a local Ray cluster whose nodes change under the job:
-a worker node added during the fit ("added"), then, in a second run, one removed ("removed").
+a worker node added during the fit ("added"), then, in a second run, one removed ("removed"),
+then a node added during a PageRank, whose graph is kept between iterations ("kept").
 
     python tests/nodes_change_run.py WORKDIR
 
-Starts a ``ray.cluster_utils.Cluster`` (a head and one worker, one CPU each; node death
+Starts a ``ray.cluster_utils.Cluster`` (a head and one worker, two CPUs each; node death
 noticed within about 2 s), writes logistic-regression demo data, and for each case runs the
 job and, once its tasks are running, changes the cluster. Writes WORKDIR/outcome.json: per
 case the exit code, the report (or None), the stderr tail and the node id changed.
@@ -18,8 +19,10 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -28,16 +31,13 @@ os.environ.pop("RAY_ADDRESS", None)
 SPEC = """
 [job]
 name = "nodes-change"
-algorithm = "logreg"
+algorithm = "{algorithm}"
 
 [inputs]
-X = "{root}/data/X.zarr"
-y = "{root}/data/y.zarr"
+{inputs}
 
 [params]
-solver = "lbfgs"
-max_iter = {max_iter}
-tol = 1e-12
+{params}
 
 [output]
 uri = "{root}/{out}"
@@ -76,7 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     arrayjob = [sys.executable, "-m", "arrayjob.cli.main"]
     subprocess.run([*arrayjob, "datagen", "logreg", str(root / "data"), "--rows", str(args.rows), "--cols",
                     str(args.cols), "--chunk-rows", str(args.chunk_rows)], check=True, capture_output=True)
-    node_args = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
+    subprocess.run([*arrayjob, "datagen", "pagerank", str(root / "graph"), "--rows", "100000", "--edges", "2000000",
+                    "--chunk-rows", "250000"], check=True, capture_output=True)
+    jobs = {
+        "logreg": (f'X = "{root}/data/X.zarr"\ny = "{root}/data/y.zarr"',
+                   f'solver = "lbfgs"\nmax_iter = {args.max_iter}\ntol = 1e-12'),
+        "pagerank": (f'edges = "{root}/graph/edges.zarr"', "damping = 0.99\ntol = 1e-300\nmax_iter = 400"),
+    }
+    # two CPUs a node: PageRank blocks its graph by workers, two blocks a node here, so a third
+    # node takes some of the kept blocks (moved once, not fetched by every iteration)
+    node_args = {"num_cpus": 2, "object_store_memory": 80 * 2**20}
     health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_timeout_ms": 500}
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False,
                                                             "_system_config": health})
@@ -86,22 +95,41 @@ def main(argv: list[str] | None = None) -> int:
         workers = [cluster.add_node(**node_args)]
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.ERROR)
-        for case in ("added", "removed"):
+        for case, algorithm in (("added", "logreg"), ("removed", "logreg"), ("kept", "pagerank")):
+            inputs, params = jobs[algorithm]
             spec = root / f"{case}.toml"
-            spec.write_text(SPEC.format(root=root, out=case, max_iter=args.max_iter, address=cluster.address))
+            spec.write_text(SPEC.format(root=root, out=case, algorithm=algorithm, inputs=inputs, params=params,
+                                        address=cluster.address))
             cpus = ray.cluster_resources().get("CPU", 0)
             while ray.available_resources().get("CPU", 0) < cpus:  # the last run's workers are gone
                 time.sleep(0.1)
-            job = subprocess.Popen([*arrayjob, "run", str(spec), "--json", "--nodes", str(int(cpus))],
+            nodes = sum(1 for n in ray.nodes() if n["Alive"])
+            job = subprocess.Popen([*arrayjob, "run", str(spec), "--json", "--nodes", str(nodes)],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
+            fitting = threading.Event()  # its progress lines say the fit has begun (the graph is kept)
+
+            def pump(name: str, stream: IO[str], into: dict[str, list[str]] = streams,
+                     fitting: threading.Event = fitting) -> None:
+                for line in stream:
+                    into[name].append(line)
+                    if "fit: iteration" in line:
+                        fitting.set()
+                fitting.set()  # the end of the stream: nothing more to wait for
+
+            readers = [threading.Thread(target=pump, args=(name, getattr(job, name)), daemon=True)
+                       for name in streams]
+            for reader in readers:
+                reader.start()
             changed, started = None, time.monotonic()
             deadline = started + args.timeout
             while job.poll() is None and time.monotonic() < deadline:
-                if ray.available_resources().get("CPU", cpus) < cpus:  # the job's tasks are running
-                    time.sleep(args.add_after if case == "added" else args.change_after)
+                running = ray.available_resources().get("CPU", cpus) < cpus  # the job's tasks are running
+                if (fitting.is_set() if case == "kept" else running):
+                    time.sleep({"added": args.add_after, "removed": args.change_after, "kept": 0.0}[case])
                     if job.poll() is not None:
                         break
-                    if case == "added":
+                    if case != "removed":
                         workers.append(cluster.add_node(**node_args))
                         changed = workers[-1].node_id
                     else:
@@ -109,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                         cluster.remove_node(workers.pop(), allow_graceful=False)
                     break
                 time.sleep(0.05)
-            out, err = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            job.wait(timeout=max(1.0, deadline - time.monotonic()))
+            for reader in readers:
+                reader.join(timeout=30)
+            out, err = "".join(streams["stdout"]), "".join(streams["stderr"])
             outcome[case] = {"exit": job.returncode, "changed": changed, "report": _report(out),
                              "stderr": err[-3000:]}
             job = None

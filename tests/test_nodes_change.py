@@ -66,3 +66,36 @@ def test_a_node_removed_mid_job_is_survived(outcome):
     kinds = {(e["node"], e["kind"]) for e in report["nodes"]["events"]}
     assert (removed["changed"], "leave") in kinds
     _matches_reference(root, "removed")
+
+
+@pytest.mark.timeout(600)
+def test_kept_blocks_move_once_to_a_node_added_mid_job(outcome):
+    """PageRank keeps its graph between iterations; after a node joins, the blocks the new plan
+    puts elsewhere are moved there once, not fetched again by every iteration."""
+    import networkx as nx
+
+    root, cases = outcome
+    kept = cases["kept"]
+    assert kept["exit"] == 0 and kept["changed"], kept["stderr"]
+    report = kept["report"]
+    nodes = report["cluster"]["node_ids"]
+    per_node = dict(zip(nodes, report["tasks"]["per_node"], strict=True))
+    peak = dict(zip(nodes, report["memory"]["peak_bytes_per_node"], strict=True))
+    n = report["result"]["n_nodes"]
+    assert per_node[kept["changed"]] > 0
+    assert peak[kept["changed"]] > 2 * n  # it holds a block of the graph (16 bytes an edge), not just vectors
+    joined = next(e["seconds"] for e in report["nodes"]["events"] if e["node"] == kept["changed"] and e["kind"] == "join")
+    totals = [t["network_bytes"] for t in report["timeline"]]
+    moved = [b - a for a, b in zip(totals, totals[1:])]
+    after = [m for t, m in zip(report["timeline"][1:], moved) if t["seconds"] > joined]
+    vector = 8 * n  # the rank vector, sent to each node but the one that has it
+    assert len(after) > 10 and after[0] > len(nodes) * vector  # the first run after the join moves graph blocks
+    assert all(m <= (len(nodes) - 1) * vector + 4096 for m in after[2:])  # later runs move only the vector
+    # the result is NetworkX's
+    edges = zarr.open_array(str(root / "graph" / "edges.zarr"))[:]
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from(map(tuple, edges.tolist()))
+    reference = nx.pagerank(graph, alpha=0.99, tol=1e-15, max_iter=5000)
+    rank = read_result(str(root / "kept"))["rank"][:]
+    assert np.abs(rank - np.array([reference[i] for i in range(n)])).sum() <= 1e-6

@@ -267,13 +267,15 @@ class RunMetrics:
     def hold_block(self, node: str, nbytes: int) -> None:
         self.block_bytes_by_node[node] += nbytes
 
-    def count_moved(self, source: str, target: str, nbytes: int) -> None:
-        """A held block moved from node to node (its nodes changed): traffic, and where it lives."""
+    def count_moved(self, source: str, target: str, nbytes: int, *, held: bool = True) -> None:
+        """A block moved from node to node (its nodes changed): traffic, and, for a held input
+        block (not a kept result), where the input blocks live."""
         self.bytes_between_nodes += nbytes
         self.network_out_by_node[source] += nbytes
         self.network_in_by_node[target] += nbytes
-        self.hold_block(source, -nbytes)
-        self.hold_block(target, nbytes)
+        if held:
+            self.hold_block(source, -nbytes)
+            self.hold_block(target, nbytes)
 
     def count_placement(self, *, moved: int, touched: int, tasks: dict[str, int], net_in: dict[str, int],
                         net_out: dict[str, int], peak: dict[str, int]) -> None:

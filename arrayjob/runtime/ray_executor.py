@@ -33,7 +33,10 @@ from its lineage: it is re-homed there (so the replay counts what moves from whe
 block is, not from a dead node) and counted in ``faults.blocks_reconstructed``.
 
 Blocks kept between programs (``Session.persist``: ``keep``, ``alias``, ``release``) stay
-in the object store where their tasks ran, and later plans take them zero-copy.
+in the object store where their tasks ran, and later plans take them zero-copy. After the
+nodes change, a kept block first used on another node is moved there once (it is a result,
+so it cannot be read again). A block's bytes are its arrays', those of the objects in an
+object array (PageRank's graph blocks: SciPy matrices) included.
 
 Memory budget (``planner.residency``): a ``load`` given a ``Residency`` that streams reads
 only the resident blocks into the object store. A streamed block (and, from then on, any
@@ -49,6 +52,7 @@ is a read, any later one a re-read (``RunMetrics.bytes_reread``). The spill is r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -108,8 +112,14 @@ def _attempt() -> int:
 
 
 def _nbytes(x: Any) -> int:
+    if isinstance(x, np.ndarray) and x.dtype == object:  # e.g. PageRank's graph blocks
+        return int(x.nbytes) + sum(_nbytes(v) for v in x.flat)
     if isinstance(x, np.ndarray | np.generic):
         return int(x.nbytes)
+    if hasattr(x, "indptr") and hasattr(x, "indices") and hasattr(x, "data"):  # a SciPy CSR or CSC matrix
+        return int(x.data.nbytes + x.indices.nbytes + x.indptr.nbytes)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return sum(_nbytes(getattr(x, f.name)) for f in dataclasses.fields(x))
     if isinstance(x, tuple | list):
         return sum(_nbytes(v) for v in x)
     if isinstance(x, dict):
@@ -222,7 +232,7 @@ class RayExecutor:
         self.follow_nodes = follow_nodes
         self.relocate = relocate
         self._relocating = False
-        self._relocated: set[BlockKey] = set()
+        self._relocated: set[Any] = set()  # block keys and kept blocks looked at since the nodes changed
         self._blocks: dict[BlockKey, ray.ObjectRef] = {}
         self._block_home: dict[BlockKey, tuple[str, int]] = {}  # node id and bytes, as read
         self._pending_stats: list[tuple[BlockKey, ray.ObjectRef]] = []
@@ -485,6 +495,31 @@ class RayExecutor:
             cached = self._uses[id(plan)] = (plan, uses, frozenset(o.task for o in plan.outputs))
         return cached[1], cached[2]
 
+    def _relocate_kept(self, arg: CachedBlock, node: int | None) -> None:
+        """At the first run after the nodes changed: a kept block (computed, so never read
+        again) first used on another node than its home is moved there once, instead of
+        fetched by every later use; every name it is kept under follows it."""
+        old = self._kept[arg.handle][arg.position]
+        found = self._kept_home.get(old)
+        if node is None or old in self._relocated or found is None:
+            return
+        self._relocated.add(old)
+        home, nbytes = found
+        target = self.node_order[node % len(self.node_order)]
+        if home == target or home in self._lost:
+            return
+        strategy = NodeAffinitySchedulingStrategy(target, soft=True)
+        new = _copy.options(scheduling_strategy=strategy, name="move block").remote(old)
+        for refs in self._kept.values():
+            for i, ref in enumerate(refs):
+                if ref == old:
+                    refs[i] = new
+        del self._kept_home[old]
+        self._kept_home[new] = (target, nbytes)
+        self._relocated.add(new)
+        self.metrics.count_moved(home, target, nbytes, held=False)
+        self.metrics.count_tasks(1)
+
     def _submit(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None,
                 ) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
         """Submit every task of ``plan`` (in ``order``, if given); the refs of its outputs and of
@@ -510,6 +545,8 @@ class RayExecutor:
                 elif isinstance(arg, TaskResult):
                     args.append(refs[arg.task][arg.output])
                 elif isinstance(arg, CachedBlock):
+                    if self._relocating:
+                        self._relocate_kept(arg, task.node)
                     args.append(self._kept[arg.handle][arg.position])
                 else:
                     args.append(value_refs[arg.name])
