@@ -77,6 +77,38 @@ def test_one_node_measurement_matches_the_plan(tmp_path: Path, measure: bool) ->
     assert m.peak_object_store_bytes_per_node == {node: plan.cost.peak_bytes_per_node[0]}
 
 
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_big_tasks_declare_the_memory_they_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tasks holding big blocks declare Ray's ``memory`` resource (never more than a node has),
+    and run as before with it."""
+    import ray
+
+    from arrayjob.runtime import ray_executor
+    from arrayjob.runtime.ray_executor import BIG_TASK_BYTES, RayExecutor
+
+    node_ids = tuple(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    node_memory = min(n["Resources"]["memory"] for n in ray.nodes() if n["Alive"])
+    executor = RayExecutor(StorageOptions(), node_ids)
+    assert executor._memory(BIG_TASK_BYTES - 1) == {}
+    assert executor._memory(BIG_TASK_BYTES) == {"memory": BIG_TASK_BYTES}
+    assert executor._memory(10**18) == {"memory": int(node_memory)}  # a task no node could hold would wait forever
+    # every block read and kernel declares its bytes now: the job still runs, and right
+    monkeypatch.setattr(ray_executor, "BIG_TASK_BYTES", 1)
+    declared: list[int] = []
+    wrapped = executor._memory
+    monkeypatch.setattr(executor, "_memory", lambda nbytes: declared.append(nbytes) or wrapped(nbytes))
+    program, X, y = logreg_program(tmp_path)
+    session = Session(executor, PlanOptions(tiling="naive", fusion="none", placement="lshs",
+                                            cluster=ClusterShape(nodes=len(node_ids))))
+    session.load(program)
+    w = np.linspace(-1, 1, X.shape[1])
+    out = session.compute(program, {"w": w})
+    z = X @ w
+    np.testing.assert_allclose(out["grad"], X.T @ (1 / (1 + np.exp(-z)) - y), rtol=1e-10)
+    assert len(declared) >= 12 and min(declared) > 0  # the 12 blocks of X and y read, and the kernels
+
 @pytest.fixture(scope="module")
 def three_nodes() -> dict[str, Any]:
     """Run the logistic-regression iteration on a 3-node local Ray cluster; the measured figures."""

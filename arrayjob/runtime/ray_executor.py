@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import shutil
 import sys
@@ -89,6 +90,10 @@ TASK_RETRIES = 3
 # arguments under 100 KiB): a scalar or a weight vector costs no object-store put per
 # compute (about 1 ms each, `benchmarks/bench_micro.py ray-returns`).
 INLINE_VALUE_BYTES = 64 * 2**10
+# A task whose results and own reads come to at least this many bytes declares them as Ray's
+# ``memory`` resource: Ray then runs no more such tasks on a node than its memory holds, and an
+# autoscaler sees the demand. Smaller tasks declare only their CPU, as Ray's default.
+BIG_TASK_BYTES = 64 * 2**20
 BlockKey = tuple[Source, tuple[int, ...]]
 
 _node_id: str | None = None  # a worker process never changes node
@@ -206,6 +211,18 @@ def _remove_spill(directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def _least_memory(nodes: list[dict[str, Any]]) -> float:
+    """The smallest ``memory`` resource among alive nodes with CPUs (0 if one has none)."""
+    amounts = [float((n.get("Resources") or {}).get("memory", 0)) for n in nodes
+               if n.get("Alive") and (n.get("Resources") or {}).get("CPU", 0) > 0]
+    return min(amounts, default=0.0)
+
+
+def _block_bytes(source: Source) -> int:
+    """The bytes of a full block of ``source``, as read."""
+    return math.prod(source.grid.block_shape) * np.dtype(source.array.dtype).itemsize
+
+
 def _unwrap(exc: ray.exceptions.RayTaskError) -> BaseException:
     """The user-facing error inside a failed Ray task, if it is one of ours."""
     cause = getattr(exc, "cause", None)
@@ -247,6 +264,7 @@ class RayExecutor:
         self._rebuilt: dict[Any, set[str]] = {}  # found again since the last replay: every node with a copy
         self._watched = 0.0
         self._workers: set[str] = set(node_ids)
+        self._memory_cap: float | None = None  # the least ``memory`` resource of a worker node
         # the memory budget: blocks streamed (read by their tasks), with their spill file if planned
         self._streaming = False
         self._stream: dict[BlockKey, str | None] = {}
@@ -313,6 +331,16 @@ class RayExecutor:
             target = home
         return {"scheduling_strategy": NodeAffinitySchedulingStrategy(target, soft=True)}
 
+    def _memory(self, nbytes: int) -> dict[str, Any]:
+        """Ray's ``memory`` resource for a task holding ``nbytes`` in its worker (results, own
+        reads), when big; never more than the smallest worker node has (a task no node
+        can hold would wait forever)."""
+        if nbytes < BIG_TASK_BYTES:
+            return {}
+        if self._memory_cap is None:
+            self._memory_cap = _least_memory(ray.nodes())
+        return {"memory": min(nbytes, int(self._memory_cap))} if self._memory_cap else {}
+
     def _home(self, plan: PhysicalPlan, task: Any) -> str | None:
         """The node holding most of ``task``'s held blocks (source or kept), by bytes, if known."""
         held: Counter[str] = Counter()
@@ -337,6 +365,7 @@ class RayExecutor:
         nodes = ray.nodes()
         alive = {n["NodeID"] for n in nodes if n.get("Alive")}
         self._workers = worker_ids(nodes)
+        self._memory_cap = _least_memory(nodes)
         if self.metrics.nodes is not None:
             self.metrics.nodes.observe(self._workers)
         lost = sorted(self._seen - alive - self._lost)
@@ -380,7 +409,8 @@ class RayExecutor:
         source = plan.source(ref.array)
         key = (source, ref.index)
         if key not in self._blocks:
-            block, stats = _load.options(**self._options(node)).remote(source, ref.index, self.options)
+            options = {**self._options(node), **self._memory(_block_bytes(source))}
+            block, stats = _load.options(**options).remote(source, ref.index, self.options)
             self._blocks[key] = block
             self._pending_stats.append((key, stats))
             self.metrics.count_tasks(1)
@@ -551,7 +581,9 @@ class RayExecutor:
                 else:
                     args.append(value_refs[arg.name])
             home = self._home(plan, task) if self._lost else None
-            options = {**self._options(task.node, home), "name": task.kernel.name}  # in Ray's dashboard and timeline
+            holds = sum(task.out_bytes) + sum(_block_bytes(a.source) for a in args if isinstance(a, StreamedRead))
+            options = {**self._options(task.node, home), **self._memory(holds),
+                       "name": task.kernel.name}  # in Ray's dashboard and timeline
             if streams:
                 options["num_returns"] = task.num_outputs + 1
                 *outs, record = _run_streaming.options(**options).remote(task.kernel.fn, task.num_outputs,
