@@ -194,6 +194,9 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
                     cluster = stack.enter_context(
                         requested_nodes(node_request(choice, spec), metrics.nodes, notify))
             from arrayjob.runtime.ray_executor import RayExecutor
+            from arrayjob.runtime.store_monitor import watching
+
+            stack.enter_context(watching(metrics.stores))  # what the stores really held, per node
 
             profile = load_profile()
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,

@@ -88,7 +88,16 @@ def nodes_line(report: dict[str, Any]) -> list[str]:
             + (f", ${dollars:.4f} of compute" if dollars is not None else "")]
 def memory_line(report: dict[str, Any]) -> list[str]:
     """"  memory: 31% of the inputs resident within a 480.0 MB budget; 10.8 GB brought back from the spill", when
-    the budget streamed anything."""
+    the budget streamed anything; what Ray spilled on its own, when a store overflowed."""
+    m = report["memory"]
+    spilled = m.get("ray_spilled_bytes", 0)
+    ray_spilling = [f"  memory: Ray spilled {size(spilled)} to its nodes' disks and restored "
+                    f"{size(m.get('ray_restored_bytes', 0))}: an object store overflowed (its peak "
+                    f"{size(max(m.get('store_peak_bytes_per_node') or [0]))})"] if spilled else []
+    return _budget_line(report) + ray_spilling
+
+
+def _budget_line(report: dict[str, Any]) -> list[str]:
     m, st = report["memory"], report["storage"]
     peak, budget = max(m["peak_bytes_per_node"], default=0), m.get("budget_bytes")
     if budget is not None and peak > budget:  # blocks the budget does not govern (PageRank's kept graph)

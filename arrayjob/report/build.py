@@ -115,6 +115,12 @@ def build_report(
             # the most bytes a run held in each node's object store (input blocks, values,
             # results until their last consumer), in the order of `cluster.node_ids`
             "peak_bytes_per_node": [peak.get(n, 0) for n in nodes],
+            # what the stores really held, read from each node's raylet every 0.25 s (everything
+            # in the store, a shared cluster's other jobs included), and Ray's own spilling to
+            # local disk when a store overflowed: bytes spilled and restored during the run
+            "store_peak_bytes_per_node": [metrics.stores.peak_bytes.get(n, 0) for n in nodes],
+            "ray_spilled_bytes": sum(metrics.stores.spilled_bytes.values()),
+            "ray_restored_bytes": sum(metrics.stores.restored_bytes.values()),
             "input_block_bytes_per_node": [metrics.block_bytes_by_node.get(n, 0) for n in nodes],
             "bytes_touched": metrics.bytes_touched,
             "driver_peak_rss_bytes": driver_peak_rss_bytes(),

@@ -143,6 +143,18 @@ class Streaming:
 
 
 @dataclass
+class ObjectStores:
+    """What Ray's object stores held, as their raylets said (``runtime.store_monitor``), by
+    node id: the most bytes seen in use, and the bytes Ray spilled to its nodes' disks and
+    restored from them while the job ran."""
+
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    spilled_bytes: dict[str, int] = field(default_factory=dict)
+    restored_bytes: dict[str, int] = field(default_factory=dict)
+    samples: int = 0
+
+
+@dataclass
 class RunMetrics:
     """Counters for one job run. Stages are timed by the driver; tasks and bytes by the executor."""
 
@@ -164,6 +176,7 @@ class RunMetrics:
     timeline: list[dict[str, object]] = field(default_factory=list)
     faults: Faults = field(default_factory=Faults)
     streaming: Streaming = field(default_factory=Streaming)
+    stores: ObjectStores = field(default_factory=ObjectStores)  # read from the raylets, not replayed
     started: float = field(default_factory=time.perf_counter)
     nodes: NodeLog | None = None  # set when the run sizes its cluster: which nodes, when
     _current: Stage | None = None
