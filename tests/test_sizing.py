@@ -205,6 +205,9 @@ def test_a_sized_cluster_at_an_address_starts_the_nodes_it_lacks(big):
     assert some_up.estimate.node_seconds == pytest.approx(choice.estimate.node_seconds - 3 * 60.0)
     all_up = _choose(big, ("cluster.max_nodes=4",), instance=BIG, nodes_up=4)
     assert (all_up.estimate.nodes_added, all_up.estimate.scale_up_seconds) == (0, 0.0)
+    # a cluster deployed at the chosen size is up before the job is submitted
+    deployed = _choose(big, ("cluster.max_nodes=4",), instance=BIG, nodes_up=None)
+    assert (deployed.nodes, deployed.estimate.nodes_added) == (4, 0)
     # a local Ray never grows, whatever --nodes says
     spec = load_spec(big, [])
     local = choose_nodes(runner.prepare(spec), spec, instance=BIG, prices=load_prices(), profile=load_profile(),

@@ -171,7 +171,7 @@ def _ratio(a: float, b: float) -> str:
 def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable, profile: MachineProfile,
                  nodes: int | None = None, deadline: float | None = None, iterations: int | None = None,
                  min_nodes: int | None = None, max_nodes: int | None = None, local: bool | None = None,
-                 nodes_up: int = 0) -> NodeChoice:
+                 nodes_up: int | None = 0) -> NodeChoice:
     """Choose how many ``instance`` nodes ``job`` runs on, from its estimate (see the module's
     rules). ``min_nodes``/``max_nodes`` default to the spec's ``[cluster]`` keys; ``deadline``
     is in seconds. ``local`` (default: ``cluster.address`` is ``"local"``): the job runs on
@@ -180,7 +180,8 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
     A cluster at an address that is sized (a count, a deadline or ``max_nodes``) grows by
     the nodes beyond the ``nodes_up`` worker nodes it has (default none: ``arrayjob estimate``
     does not connect), and each count's estimate waits for them to start
-    (``estimate.node_startup_seconds``).
+    (``estimate.node_startup_seconds``). ``nodes_up=None``: every count is up when the job
+    starts (a cluster deployed at the chosen size).
 
     >>> choice = choose_nodes(job, spec, instance=prices.instance("r5.2xlarge"), prices=prices,
     ...                       profile=load_profile(), max_nodes=16)   # doctest: +SKIP
@@ -192,7 +193,7 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
     limit = ceiling or SEARCH_LIMIT
     if local is None:
         local = spec.cluster.address == "local"
-    grows = not local and (nodes is not None or deadline is not None or ceiling is not None)
+    grows = not local and nodes_up is not None and (nodes is not None or deadline is not None or ceiling is not None)
     price = _Pricer(job, spec, instance, prices, profile, iterations, nodes_up if grows else None)
     usable = usable_bytes(instance)
     store = f"{size(usable)} usable of a {size(instance.object_store_bytes)} object store"
