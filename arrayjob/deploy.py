@@ -74,8 +74,11 @@ def size_cluster(job: Any, spec: JobSpec, *, instance: Instance, prices: PriceTa
     """Size a cluster for ``job`` on ``instance`` nodes from its estimate (nothing is read):
     the count ``choose_nodes`` chooses for a cluster that can grow, up to ``max_nodes``
     (default ``[cluster] max_nodes``, else the count chosen)."""
+    # the deployed cluster starts with the chosen count (min_workers) before the job is
+    # submitted: the job waits for no node, so its estimate has no scale-up in it
     choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=profile, nodes=nodes,
-                          deadline=deadline, iterations=iterations, max_nodes=max_nodes, local=False)
+                          deadline=deadline, iterations=iterations, max_nodes=max_nodes, local=False,
+                          nodes_up=None)
     est = choice.estimate
     peak = max(est.peak_bytes_per_node, default=0)
     bound = max(choice.nodes, max_nodes or spec.cluster.max_nodes or choice.nodes)

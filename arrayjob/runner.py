@@ -199,8 +199,11 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             stack.enter_context(watching(metrics.stores))  # what the stores really held, per node
 
             profile = load_profile()
+            # the nodes the autoscaler started for the job: the estimate waits for them too
+            added = len(metrics.nodes.added) if scaling and metrics.nodes is not None else 0
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
-                                     profile=profile, store_bytes=cluster.object_store_per_node).as_dict()
+                                     profile=profile, store_bytes=cluster.object_store_per_node,
+                                     nodes_added=added).as_dict()
             # what a live view needs to tell the time left: each stage's predicted wall time
             metrics.emit("estimate", wall_seconds=predicted["wall_seconds"],
                          iterations=predicted["iterations"]["assumed"],
@@ -231,8 +234,8 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         rescaled = None
         if isinstance(ran, int) and ran > 0 and ran != predicted["iterations"]["assumed"]:
             rescaled = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
-                                    profile=profile, iterations=ran,
-                                    store_bytes=cluster.object_store_per_node).as_dict()
+                                    profile=profile, iterations=ran, store_bytes=cluster.object_store_per_node,
+                                    nodes_added=added).as_dict()
             rescaled["iterations"]["from"] = "the iterations the run did"
         report = build_report(
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,

@@ -8,7 +8,8 @@ between nodes against communication lower bounds (issue #16).
 Metadata only: the arrays are `ArrayInfo`s (shape, dtype, chunks), never written; each job
 is priced by `costing.estimate.estimate_job` exactly as `arrayjob estimate --nodes N
 --iterations 1 --instance-type r5.2xlarge` prices it (one iteration, so per-iteration
-figures read directly), with each placement strategy.
+figures read directly), with each placement strategy, and no ``[cluster] memory_budget``
+limit (every block resident: the plan's own figures, not the block cache's).
 
 Lower bounds, for operands row-partitioned over k nodes (blocks dealt cyclically, the
 driver's values on node 0), counting bytes that must cross between nodes (results fetched
@@ -44,6 +45,7 @@ from arrayjob.jobs import get_job  # noqa: E402
 from arrayjob.planner.cost import physical_cost  # noqa: E402
 from arrayjob.planner.pipeline import make_plan  # noqa: E402
 from arrayjob.planner.plan import ClusterShape, PlanOptions  # noqa: E402
+from arrayjob.runtime.cluster import ClusterOptions  # noqa: E402
 from arrayjob.units import size  # noqa: E402
 
 TB = 10**12
@@ -51,6 +53,7 @@ NODES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PLACEMENTS = ("lshs", "roundrobin")
 INSTANCE = "r5.2xlarge"
 CHUNK_BYTES = 256 * 2**20  # stored chunks of about the planner's largest block
+UNBOUNDED = 10**18  # [cluster] memory_budget in bytes: more than any plan here holds
 
 
 def _array(name: str, shape: tuple[int, ...], chunk_rows: int, dtype: str = "float64") -> ArrayInfo:
@@ -92,7 +95,10 @@ def jobs() -> dict[str, tuple[Any, Any]]:
 
 def estimate_row(job: Any, name: str, nodes: int, placement: str) -> dict[str, Any]:
     prices = load_prices()
-    spec = SimpleNamespace(name=name, planner=SimpleNamespace(tiling="greedy", fusion="cost", placement=placement))
+    # no memory budget: every block stays resident, so the figures are the plan's own (its peak
+    # per node is what a budget would have to hold) and placement is compared alone
+    spec = SimpleNamespace(name=name, planner=SimpleNamespace(tiling="greedy", fusion="cost", placement=placement),
+                           cluster=ClusterOptions(memory_budget=UNBOUNDED))
     start = time.perf_counter()
     est = estimate_job(job, spec, nodes=nodes, instance=prices.instance(INSTANCE), prices=prices,
                        profile=load_profile(), iterations=1)

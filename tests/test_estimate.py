@@ -115,3 +115,21 @@ def test_an_estimate_from_the_shipped_profile_says_it_is_uncalibrated(spec, work
     assert code == 0 and "uncalibrated" not in table
     code, raw, _ = run_cli(["estimate", spec, "--format", "json"], capsys)
     assert json.loads(raw)["profile"]["calibrated"] is True
+
+
+def test_a_big_driver_output_is_priced_by_its_size_without_writing_it():
+    """PageRank's rank vector for 10⁹ nodes is 8 GB: the estimate used to write that many
+    ones to a temporary directory to count the requests (half of each 60 s estimate). A
+    driver array is one chunk, so it makes the requests a one-element array makes, and its
+    bytes are its size."""
+    import time
+
+    from arrayjob.io.arrays import write_requests
+
+    n = 10**9
+    start = time.perf_counter()
+    big = write_requests({"rank": ((n,), "float64")}, {})
+    assert time.perf_counter() - start < 5
+    small = write_requests({"rank": ((1,), "float64")}, {})
+    assert (big.put_requests, big.get_requests) == (small.put_requests, small.get_requests)
+    assert 8 * n <= big.bytes_written <= 8 * n + small.bytes_written + 100  # metadata: a few more digits

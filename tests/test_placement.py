@@ -264,3 +264,90 @@ def test_placed_tree_tasks_combines_on_each_node_first() -> None:
     assert placed_tree_tasks([9, 9, 0]) == 2 + 2 + 1
     assert placed_tree_tasks([1] * 10) == 2 + 1  # across nodes: 8 + 2, then the two
     assert placed_tree_tasks([0, 0]) == 0
+
+
+# -- programs of one job agree on where stored blocks live (issue #16, CP-ALS) ---------------
+
+
+@pytest.mark.parametrize("nodes", [2, 3, 4])
+def test_a_later_program_reads_stored_blocks_where_the_first_one_did(tmp_path: Path, nodes: int) -> None:
+    """CP-ALS reads X in its norm pass, then each MTTKRP takes X's blocks with a slice of a
+    factor placed on the driver's node. Blocks read once stay where they were read for the
+    job, so the MTTKRP must use X's cyclic layout too: it moves only factor slices and
+    partial results, never a block of X (it used to deal X anew and fetch half of it)."""
+    rows, J, K, F = 12, 6, 5, 2
+    X = stored(tmp_path, "X", (rows, J, K), (1, J, K))
+    norm = planned([(X * X).sum()], nodes=nodes, placement="lshs")
+    mode1 = planned([la.einsum("ijk,if,kf->jf", X, la.value("A", (rows, F)), la.value("C", (K, F)))],
+                    nodes=nodes, placement="lshs")
+    layouts = []
+    for plan in (norm, mode1):
+        grid = plan.physical.source("X").grid
+        first: dict[tuple[int, ...], int] = {}
+        for task in plan.physical.tasks:
+            for arg in task.args:
+                if isinstance(arg, SourceBlock):
+                    first.setdefault(arg.index, task.node)
+        assert len(first) == grid.num_blocks > nodes
+        dims = node_grid(grid.grid_shape, nodes)
+        assert first == {index: cyclic_node(index, dims) for index in first}
+        layouts.append((grid.grid_shape, first))
+    assert layouts[0] == layouts[1]
+    homes: dict = {}
+    physical_cost(norm.physical, nodes, homes)
+    block = J * K * 8
+    # everything mode 1 moves, with X where the norm pass left it: A's rows (rows·F floats at
+    # most) and one (J, F) partial per block at most, far below one block of X each time
+    moved = physical_cost(mode1.physical, nodes, homes).bytes_between_nodes
+    assert moved == mode1.cost.bytes_between_nodes
+    assert moved <= rows * F * 8 + rows * J * F * 8 < rows * block
+
+
+# -- compute is balanced when many tasks share one big input (issue #16, PageRank's build) ---
+
+
+def _shared_input_program(tmp_path: Path, tasks: int) -> list[la.BlockArray]:
+    """``tasks`` tasks that each take the whole of X (as PageRank's CSR builds each take every
+    chunk's sorted edges) and return a small row."""
+    X = stored(tmp_path, "X", (64_000, 16), (2_000, 16))
+
+    def head(ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return x[:1, :].copy()
+
+    (out,) = la.map_blocks(Kernel("head", head), la.value("ids", (tasks,), "int64"), X,
+                           outputs=[((tasks, 16), "float64", 1)], block_rows=[1, None])
+    return [out]
+
+
+def _seconds(cost, shape: ClusterShape) -> float:  # type: ignore[no-untyped-def]
+    """The time ``lshs`` compares placements by (``_Placer.seconds``), from a plan's cost."""
+    busiest = max(sum(touched for node, touched, _ in cost.task_work if node == n) for n in range(shape.nodes))
+    return (busiest / (shape.workers_per_node * shape.memory_bytes_per_s)
+            + cost.bytes_between_nodes / (shape.nodes * shape.network_bytes_per_s))
+
+
+@pytest.mark.parametrize("nodes", [4, 8])
+def test_tasks_sharing_one_big_input_are_spread_when_that_is_sooner(tmp_path: Path, nodes: int) -> None:
+    tasks = 64
+    shape = ClusterShape(nodes=nodes)
+    program = la.capture(_shared_input_program(tmp_path, tasks))
+    plans = {p: make_plan(program,
+                          PlanOptions(tiling="naive", fusion="none", placement=p, cluster=shape,
+                                      target_block_bytes=64 * 2**20))
+             for p in ("lshs",)}
+    x_bytes = 64_000 * 16 * 8
+    heads = [t for t in plans["lshs"].physical.tasks if t.kernel.name == "head"]
+    assert len(heads) == tasks
+    # NumS's load maxima alone keep every task on the node holding X (one more task there
+    # grows the busiest node's work by one X; moving X grows the maxima of bytes in and out
+    # by one X each): all 64 tasks' work, 64 X's, on 2 workers. Balanced by finish time,
+    # X is copied to the other nodes, at most once each ...
+    used = {t.node for t in heads}
+    assert len(used) > 1
+    lshs = plans["lshs"].cost
+    assert lshs.bytes_between_nodes <= (len(used) - 1) * x_bytes + tasks * 16 * 8
+    # ... which is sooner than the tasks' work alone on one node, and than dealing the tasks
+    # over the nodes without regard to X would be (every node fetches X: (N - 1) copies)
+    one_node = tasks * x_bytes / (shape.workers_per_node * shape.memory_bytes_per_s)
+    assert _seconds(lshs, shape) < one_node
+    assert lshs.bytes_between_nodes < (nodes - 1) * x_bytes or len(used) == nodes

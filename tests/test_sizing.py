@@ -11,6 +11,7 @@ import pytest
 import zarr
 
 from arrayjob import runner
+from arrayjob.costing.estimate import DEFAULT_NODE_STARTUP_SECONDS
 from arrayjob.costing.prices import Instance, load_prices
 from arrayjob.costing.profile import load_profile
 from arrayjob.costing.sizing import MIN_EFFICIENCY, choose_nodes, usable_bytes
@@ -59,7 +60,9 @@ def test_min_nodes_is_a_floor(big):
 def test_efficiency_bound_raises_while_the_extra_nodes_pay(big):
     choice = _choose(big, ("cluster.max_nodes=256",), instance=BIG)
     assert choice.rule == "efficiency" and choice.nodes > choice.needed == 3
-    walls = {p.nodes: p.wall_seconds for p in choice.priced}
+    # efficiency of the time the nodes work: every count waits alike for its nodes to start
+    walls = {p.nodes: p.wall_seconds - p.scale_up_seconds for p in choice.priced}
+    assert all(p.scale_up_seconds == DEFAULT_NODE_STARTUP_SECONDS for p in choice.priced)
     efficiency = {n: walls[choice.needed] * choice.needed / (w * n) for n, w in walls.items()}
     assert efficiency[choice.nodes] >= MIN_EFFICIENCY
     # the next count tried (a quarter more) does not pay for itself, and the line says so
@@ -143,3 +146,83 @@ def test_a_local_ray_cannot_be_sized(big, workdir, capsys):
         code, out, err = run_cli(["run", str(big), *args], capsys)
         assert code == 2 and out == "" and "sizing the cluster needs a Ray with an autoscaler" in err, err
     assert not (workdir / "out").exists()
+
+
+# -- waiting for the nodes the autoscaler adds (issue #16: the estimate had no scale-up time) --
+
+
+def _estimate(spec_path: Path, overrides: tuple[str, ...] = (), **kw):  # type: ignore[no-untyped-def]
+    from arrayjob.costing.estimate import estimate_job
+
+    spec = load_spec(spec_path, ['cluster.address="auto"', *overrides])
+    return estimate_job(runner.prepare(spec), spec, instance=kw.pop("instance", BIG), prices=load_prices(),
+                        profile=load_profile(), **kw)
+
+
+def test_nodes_to_add_are_waited_for_and_paid_for_while_they_start(big):
+    base = _estimate(big, ('cluster.node_startup="45s"',), nodes=4)
+    grown = _estimate(big, ('cluster.node_startup="45s"',), nodes=4, nodes_added=3)
+    assert (base.nodes_added, base.scale_up_seconds) == (0, 0.0)
+    # the job waits 45 s for the three new nodes before reading anything ...
+    assert grown.scale_up_seconds == 45.0
+    assert grown.wall_seconds == pytest.approx(base.wall_seconds + 45.0)
+    # ... and pays for them from their boot: 3 × 45 node-seconds more, not 4 × 45
+    assert grown.node_seconds == pytest.approx(base.node_seconds + 3 * 45.0)
+    extra = grown.dollars()["compute"] - base.dollars()["compute"]
+    assert extra == pytest.approx(3 * 45.0 / 3600 * BIG.usd_per_hour)
+    doc = grown.as_dict()
+    assert (doc["nodes"]["added"], doc["nodes"]["scale_up_seconds"]) == (3, 45.0)
+    assert doc["wall_seconds"] == pytest.approx(base.wall_seconds + 45.0, abs=1e-3)
+    assert "3 node(s) added by the autoscaler, 45 s to start" in grown.assumptions()
+
+
+def test_node_startup_comes_from_the_spec_else_the_price_table_else_a_minute(big):
+    from arrayjob.costing.estimate import node_startup_seconds
+
+    spec = load_spec(big, [])
+    booting = Instance("booting", usd_per_hour=0.1, vcpus=4, memory_gib=16, node_startup_seconds=90.0)
+    assert node_startup_seconds(spec, BIG) == DEFAULT_NODE_STARTUP_SECONDS == 60.0
+    assert node_startup_seconds(spec, booting) == 90.0
+    for given, expected in (('"2m"', 120.0), ("0", 0.0), ("15", 15.0)):
+        assert node_startup_seconds(load_spec(big, [f"cluster.node_startup={given}"]), booting) == expected
+
+
+def test_a_price_table_gives_a_node_types_startup(workdir):
+    table = workdir / "prices.toml"
+    table.write_text(Path(load_prices().source).read_text()
+                     + '"slow" = { usd_per_hour = 0.1, vcpus = 4, memory_gib = 4, node_startup = "3m" }\n')
+    prices = load_prices(table)
+    assert prices.instance("slow").node_startup_seconds == 180.0
+    assert prices.instance("r5.2xlarge").node_startup_seconds is None
+
+
+def test_a_sized_cluster_at_an_address_starts_the_nodes_it_lacks(big):
+    choice = _choose(big, ("cluster.max_nodes=4",), instance=BIG)
+    assert choice.nodes == 4 and choice.estimate.nodes_added == 4  # estimate does not connect: none up
+    assert choice.estimate.scale_up_seconds == DEFAULT_NODE_STARTUP_SECONDS
+    some_up = _choose(big, ("cluster.max_nodes=4",), instance=BIG, nodes_up=3)
+    assert some_up.estimate.nodes_added == 1
+    assert some_up.estimate.node_seconds == pytest.approx(choice.estimate.node_seconds - 3 * 60.0)
+    all_up = _choose(big, ("cluster.max_nodes=4",), instance=BIG, nodes_up=4)
+    assert (all_up.estimate.nodes_added, all_up.estimate.scale_up_seconds) == (0, 0.0)
+    # a cluster deployed at the chosen size is up before the job is submitted
+    deployed = _choose(big, ("cluster.max_nodes=4",), instance=BIG, nodes_up=None)
+    assert (deployed.nodes, deployed.estimate.nodes_added) == (4, 0)
+    # a local Ray never grows, whatever --nodes says
+    spec = load_spec(big, [])
+    local = choose_nodes(runner.prepare(spec), spec, instance=BIG, prices=load_prices(), profile=load_profile(),
+                         nodes=4)
+    assert (local.estimate.nodes_added, local.estimate.scale_up_seconds) == (0, 0.0)
+
+
+def test_estimate_shows_the_scale_up_on_its_own_line(big, capsys):
+    code, out, err = run_cli(["estimate", str(big), "--instance-type", "r5.2xlarge", "--set", 'cluster.address="auto"',
+                              "--set", "cluster.max_nodes=2", "--set", 'cluster.node_startup="50s"'], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("scale up"))
+    assert lines[at + 1].split()[1:4] == ["Start", "2", "×"] and "50.0" in lines[at + 1]
+    code, out, _ = run_cli(["estimate", str(big), "--instance-type", "r5.2xlarge", "--nodes", "2"], capsys)
+    assert code == 0 and "scale up" not in out
+    code, _, err = run_cli(["estimate", str(big), "--set", 'cluster.node_startup="soon"'], capsys)
+    assert code == 2 and "cluster.node_startup: expected a duration like 45s or 2m, or 0" in err

@@ -85,7 +85,7 @@ MALFORMED = [
      "use sys.set_int_max_str_digits() to increase the limit"),
     ("cluster typo", GOOD + '\n[cluster]\nadress = "auto"\n', [],
      "cluster.adress: unknown key (expected one of: address, num_cpus, min_nodes, max_nodes, node_type, scale_timeout, "
-     "memory_budget, object_store_memory)"),
+     "node_startup, memory_budget, object_store_memory)"),
     ("a budget that is no size", GOOD, ["--set", "cluster.memory_budget=lots"],
      'cluster.memory_budget: expected a size such as "600MB", or a fraction of the object store (0.5 or "50%"), '
      "got 'lots'"),

@@ -39,6 +39,11 @@ from arrayjob.planner.residency import (
 from arrayjob.units import size
 
 STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
+# How long a node the autoscaler adds for a job takes to be usable when neither the spec
+# ([cluster] node_startup) nor the price table (node_startup of the node type) says: a cloud
+# VM booting, starting Ray and joining the cluster is about a minute (the fake cluster's
+# raylets on one host: 15-22 s, tests/autoscale/prices.toml).
+DEFAULT_NODE_STARTUP_SECONDS = 60.0
 
 
 @dataclass
@@ -85,13 +90,20 @@ class Estimate:
     memory_warning: str = ""
     budget_bytes: int = 0  # per node ([cluster] memory_budget)
     residencies: list[Residency] = field(default_factory=list)
+    nodes_added: int = 0  # of ``nodes``, those the autoscaler must start for the job
+    node_startup_seconds: float = 0.0  # what starting one takes (they start together)
 
     def total(self, key: str) -> float:
         return sum(getattr(s, key) for s in self.stages)
 
     @property
+    def scale_up_seconds(self) -> float:
+        """Waiting for the added nodes before anything is read (none added: none)."""
+        return self.node_startup_seconds if self.nodes_added else 0.0
+
+    @property
     def wall_seconds(self) -> float:
-        return self.total("wall_seconds")
+        return self.total("wall_seconds") + self.scale_up_seconds
 
     @property
     def peak_bytes_per_node(self) -> list[int]:
@@ -100,7 +112,9 @@ class Estimate:
 
     @property
     def node_seconds(self) -> float:
-        return self.wall_seconds * self.nodes
+        """Every node for the job's stages, and the added ones while they start too (the
+        provider bills a node from its boot)."""
+        return self.total("wall_seconds") * self.nodes + self.nodes_added * self.scale_up_seconds
 
     def dollars(self) -> dict[str, float]:
         compute = self.node_seconds / 3600 * self.instance.usd_per_hour
@@ -128,7 +142,8 @@ class Estimate:
             "flops": float(self.total("flops")),
             "tasks": {"count": int(self.total("tasks")), "retries": 0},
             "nodes": {"count": self.nodes, "instance_type": self.instance.name,
-                      "node_seconds": round(self.node_seconds, 3)},
+                      "node_seconds": round(self.node_seconds, 3), "added": self.nodes_added,
+                      "scale_up_seconds": round(self.scale_up_seconds, 3)},
             "dollars": {k: round(v, 6) for k, v in self.dollars().items()},
             "stages": [s.as_dict() for s in self.stages],
             "iterations": {"assumed": self.iterations, "from": self.iterations_source},
@@ -167,6 +182,8 @@ class Estimate:
             f"storage ${self.prices.get_per_1000:g} per 1,000 GET, ${self.prices.put_per_1000:g} per 1,000 PUT",
             f"profile: {p.name}{' measured ' + p.measured_at if p.measured_at else ''}",
             f"{self.iterations} iteration(s) ({self.iterations_source})",
+            *([f"{self.nodes_added} node(s) added by the autoscaler, {self.node_startup_seconds:g} s to start"]
+              if self.nodes_added else []),
         ]
 
 
@@ -249,15 +266,30 @@ def budget_bytes(spec: Any, instance: Instance, store_bytes: int | None = None) 
     return spec.cluster.budget_bytes(store)
 
 
+def node_startup_seconds(spec: Any, instance: Instance) -> float:
+    """How long an added node takes to start: ``[cluster] node_startup``, else the price
+    table's ``node_startup`` for ``instance``, else ``DEFAULT_NODE_STARTUP_SECONDS``."""
+    given = getattr(getattr(spec, "cluster", None), "node_startup_seconds", None)
+    if given is not None:
+        return float(given)
+    if instance.node_startup_seconds is not None:
+        return instance.node_startup_seconds
+    return DEFAULT_NODE_STARTUP_SECONDS
+
+
 def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices: PriceTable,
                  profile: MachineProfile, iterations: int | None = None, store_bytes: int | None = None,
-                 rates: StreamRates | None = None) -> Estimate:
+                 rates: StreamRates | None = None, nodes_added: int = 0) -> Estimate:
     """Plan every program ``job`` runs on ``nodes`` × ``instance`` and price it, under the
     memory budget (``planner.residency``: what is streamed, from where, at what cost).
+    ``nodes_added`` of the nodes are not up yet: the job waits for them to start
+    (``node_startup_seconds``), and pays for them meanwhile.
 
     Raises ``BudgetError`` when a block cannot fit the budget even streamed."""
     cluster = ClusterShape(nodes=nodes, workers_per_node=max(1, instance.vcpus),
-                           memory_per_node=int(instance.memory_gib * 2**30))
+                           memory_per_node=int(instance.memory_gib * 2**30),
+                           memory_bytes_per_s=profile.memory_bytes_per_s,
+                           network_bytes_per_s=profile.network_bytes_per_s)
     budget = budget_bytes(spec, instance, store_bytes)
     inputs = sum(info.nbytes for info in getattr(job, "arrays", {}).values())
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
@@ -419,7 +451,8 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.peak_bytes_per_node = [max(q[i] for q in peaks[name]) for i in range(len(peaks[name][0]))] \
             if peaks[name] else []
     result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source,
-                      budget_bytes=budget, residencies=residencies)
+                      budget_bytes=budget, residencies=residencies, nodes_added=max(0, min(nodes, nodes_added)),
+                      node_startup_seconds=node_startup_seconds(spec, instance) if nodes_added > 0 else 0.0)
     result.memory_warning = memory_warning(result.peak_bytes_per_node, instance)
     return result
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arrayjob.errors import SpecError
+from arrayjob.units import seconds
 
 DEFAULT = Path(__file__).with_name("prices.toml")
 
@@ -29,6 +30,7 @@ class Instance:
     vcpus: int
     memory_gib: float
     object_store_gib: float | None = None  # Ray's default share of memory_gib when not given
+    node_startup_seconds: float | None = None  # booting and joining Ray, when the table says
 
     @property
     def object_store_bytes(self) -> int:
@@ -53,13 +55,20 @@ class PriceTable:
                             f"(expected one of: {', '.join(sorted(self.instances))})") from None
 
 
+def _startup(value: object) -> float:
+    if value == 0:
+        return 0.0
+    return seconds(value)  # type: ignore[arg-type]
+
+
 def load_prices(path: str | Path | None = None) -> PriceTable:
     path = Path(path or os.environ.get("ARRAYJOB_PRICES") or DEFAULT)
     try:
         raw = tomllib.loads(path.read_text())
         instances = {
             name: Instance(name, float(v["usd_per_hour"]), int(v["vcpus"]), float(v["memory_gib"]),
-                           float(v["object_store_gib"]) if "object_store_gib" in v else None)
+                           float(v["object_store_gib"]) if "object_store_gib" in v else None,
+                           _startup(v["node_startup"]) if "node_startup" in v else None)
             for name, v in raw["instances"].items()
         }
         return PriceTable(str(raw["version"]), str(path), float(raw["storage"]["get_per_1000"]),

@@ -49,11 +49,13 @@ class PricedCount:
     dollars: float
     peak_bytes: int  # the most the plan holds on any one node
     resident_fraction: float = 1.0  # of the inputs, kept in memory under the budget (the rest streamed)
+    scale_up_seconds: float = 0.0  # of wall_seconds, waiting for the nodes the autoscaler adds
 
     def as_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "wall_seconds": round(self.wall_seconds, 3),
                 "dollars": round(self.dollars, 6), "peak_bytes": self.peak_bytes,
-                "resident_fraction": round(self.resident_fraction, 6)}
+                "resident_fraction": round(self.resident_fraction, 6),
+                "scale_up_seconds": round(self.scale_up_seconds, 3)}
 
 
 @dataclass(frozen=True)
@@ -95,16 +97,18 @@ class _Pricer:
     """Estimates of one job by node count, each made once."""
 
     def __init__(self, job: Any, spec: Any, instance: Instance, prices: PriceTable, profile: MachineProfile,
-                 iterations: int | None) -> None:
+                 iterations: int | None, nodes_up: int | None = None) -> None:
         self.job, self.spec, self.instance = job, spec, instance
         self.prices, self.profile, self.iterations = prices, profile, iterations
+        self.nodes_up = nodes_up  # None: the cluster does not grow for the job
         self.estimates: dict[int, Estimate] = {}
 
     def __call__(self, nodes: int) -> Estimate:
         if nodes not in self.estimates:
+            added = 0 if self.nodes_up is None else max(0, nodes - self.nodes_up)
             self.estimates[nodes] = estimate_job(self.job, self.spec, nodes=nodes, instance=self.instance,
                                                  prices=self.prices, profile=self.profile,
-                                                 iterations=self.iterations)
+                                                 iterations=self.iterations, nodes_added=added)
         return self.estimates[nodes]
 
     def peak(self, nodes: int) -> int:
@@ -120,11 +124,18 @@ class _Pricer:
     def wall(self, nodes: int) -> float:
         return self(nodes).wall_seconds
 
+    def working(self, nodes: int) -> float:
+        """Wall time once the nodes are up: what more nodes shorten (they all start together,
+        so waiting for them is the same at every count)."""
+        estimate = self(nodes)
+        return estimate.wall_seconds - estimate.scale_up_seconds
+
     def dollars(self, nodes: int) -> float:
         return self(nodes).dollars()["total"]
 
     def priced(self) -> tuple[PricedCount, ...]:
-        return tuple(PricedCount(n, self.wall(n), self.dollars(n), self.peak(n), self(n).resident_fraction) for n in sorted(self.estimates))
+        return tuple(PricedCount(n, self.wall(n), self.dollars(n), self.peak(n), self(n).resident_fraction,
+                                 self(n).scale_up_seconds) for n in sorted(self.estimates))
 
 
 def _memory_count(price: _Pricer, floor: int, limit: int) -> int:
@@ -160,11 +171,17 @@ def _ratio(a: float, b: float) -> str:
 def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable, profile: MachineProfile,
                  nodes: int | None = None, deadline: float | None = None, iterations: int | None = None,
                  min_nodes: int | None = None, max_nodes: int | None = None, local: bool | None = None,
-                 ) -> NodeChoice:
+                 nodes_up: int | None = 0) -> NodeChoice:
     """Choose how many ``instance`` nodes ``job`` runs on, from its estimate (see the module's
     rules). ``min_nodes``/``max_nodes`` default to the spec's ``[cluster]`` keys; ``deadline``
     is in seconds. ``local`` (default: ``cluster.address`` is ``"local"``): the job runs on
     this machine, which no count changes (rule 3).
+
+    A cluster at an address that is sized (a count, a deadline or ``max_nodes``) grows by
+    the nodes beyond the ``nodes_up`` worker nodes it has (default none: ``arrayjob estimate``
+    does not connect), and each count's estimate waits for them to start
+    (``estimate.node_startup_seconds``). ``nodes_up=None``: every count is up when the job
+    starts (a cluster deployed at the chosen size).
 
     >>> choice = choose_nodes(job, spec, instance=prices.instance("r5.2xlarge"), prices=prices,
     ...                       profile=load_profile(), max_nodes=16)   # doctest: +SKIP
@@ -174,7 +191,10 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
     floor = max(1, spec.cluster.min_nodes if min_nodes is None else min_nodes)
     ceiling = spec.cluster.max_nodes if max_nodes is None else max_nodes
     limit = ceiling or SEARCH_LIMIT
-    price = _Pricer(job, spec, instance, prices, profile, iterations)
+    if local is None:
+        local = spec.cluster.address == "local"
+    grows = not local and nodes_up is not None and (nodes is not None or deadline is not None or ceiling is not None)
+    price = _Pricer(job, spec, instance, prices, profile, iterations, nodes_up if grows else None)
     usable = usable_bytes(instance)
     store = f"{size(usable)} usable of a {size(instance.object_store_bytes)} object store"
 
@@ -187,8 +207,6 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
                                        f"({store}): {needed} nodes would hold it")
         return NodeChoice(nodes, instance, "nodes", reason, needed, fits, price(nodes), price.priced())
 
-    if local is None:
-        local = spec.cluster.address == "local"
     if deadline is None and ceiling is None and local:
         fits = price.fits(floor)
         needed = floor if fits else _memory_count(price, floor, limit)
@@ -207,9 +225,9 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
         return _by_deadline(price, needed, limit, deadline)
 
     chosen, rejected = needed, None
-    base = price.wall(needed) * needed
+    base = price.working(needed) * needed
     for n in _ladder(needed, limit) if ceiling else []:
-        if base / (price.wall(n) * n) < MIN_EFFICIENCY:
+        if base / (price.working(n) * n) < MIN_EFFICIENCY:
             rejected = n
             break
         chosen = n
@@ -218,7 +236,7 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
         if needed == floor and floor > 1:
             reason = f"cluster.min_nodes; the plan's peak of {peak} per node fits ({store})"
     else:
-        efficiency = base / (price.wall(chosen) * chosen)
+        efficiency = base / (price.working(chosen) * chosen)
         reason = (f"{needed} would hold its peak of {peak} per node; {chosen} finish "
                   f"{_ratio(price.wall(needed), price.wall(chosen))} sooner at {efficiency:.0%} parallel efficiency")
     if rejected is not None:

@@ -23,6 +23,9 @@ def table(est: Estimate, choice: str = "") -> str:
 
     by = {s.name: s for s in est.stages}
     load, fit, write = by["load"], est.stages[2], by["write"]  # stage 2: the job's compute stage
+    if est.scale_up_seconds:
+        stage_rows("scale up", [(f"Start {est.nodes_added} × {est.instance.name} (autoscaler)",
+                                 f"{est.scale_up_seconds:.1f}", "s", "")])
     stage_rows("connect", [("Start or reach Ray", f"{by['connect'].wall_seconds:.1f}", "s", "")])
     stage_rows("load", [
         ("Storage read", size(load.bytes_read), "", ""),

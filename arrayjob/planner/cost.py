@@ -58,6 +58,7 @@ class Trial(NamedTuple):
     net_in: int  # bytes the node has received, after the task
     sent: tuple[tuple[int, int], ...]  # (holding node, bytes it sends) for the inputs fetched
     moved: int  # bytes fetched from other nodes for this task
+    touched: int = 0  # bytes the task reads and writes (the same on every node)
 
 
 class ClusterLoad:
@@ -139,6 +140,7 @@ class ClusterLoad:
             else:  # a block not read yet (stored or kept): it is taken where the task runs
                 fresh += self.object_bytes(arg)
         base = fresh + sum(task.out_bytes)
+        touched = sum(self.object_bytes(arg) for arg in task.args) + sum(task.out_bytes)
         for node in candidates:
             moved = 0
             sent: dict[int, int] = {}
@@ -147,7 +149,7 @@ class ClusterLoad:
                     moved += nbytes
                     sent[home] = sent.get(home, 0) + nbytes
             peak = max(self.peak[node], self.resident[node] + base + moved)
-            yield Trial(node, peak, self.net_in[node] + moved, tuple(sent.items()), moved)
+            yield Trial(node, peak, self.net_in[node] + moved, tuple(sent.items()), moved, touched)
 
     def run(self, task: Task, node: int, out_bytes: Iterable[int] | None = None) -> int:
         """Run ``task`` on ``node``; returns the bytes it fetched from other nodes."""

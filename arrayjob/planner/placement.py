@@ -22,7 +22,7 @@ from arrayjob.planner.physical import (
     Task,
     TaskResult,
 )
-from arrayjob.planner.plan import Plan
+from arrayjob.planner.plan import ClusterShape, Plan
 from arrayjob.planner.reduction import FAN_IN, combine_tree, tree_size
 from arrayjob.planner.registry import register
 
@@ -73,8 +73,11 @@ def lshs(plan: Plan) -> Plan:
     nodes = max(1, plan.options.cluster.nodes)
     if nodes == 1:
         return _with_nodes(plan, [0] * len(plan.physical.tasks))
-    tasks = _Placer(plan.physical, nodes, plan.options.target_block_bytes).run()
-    physical = dataclasses.replace(plan.physical, tasks=tuple(tasks))
+    shape, budget = plan.options.cluster, plan.options.target_block_bytes
+    placers = [_Placer(plan.physical, shape, budget), _Placer(plan.physical, shape, budget, balance=True)]
+    placed = [p.run() for p in placers]
+    best = min(range(2), key=lambda i: (placers[i].seconds(), placers[i].load.moved, i))
+    physical = dataclasses.replace(plan.physical, tasks=tuple(placed[best]))
     physical.validate()
     return dataclasses.replace(plan, physical=physical)
 
@@ -150,8 +153,11 @@ def _reduction_trees(physical: PhysicalPlan) -> dict[str, _Tree]:
 
 
 class _Placer:
-    def __init__(self, physical: PhysicalPlan, nodes: int, block_budget: int) -> None:
+    def __init__(self, physical: PhysicalPlan, shape: ClusterShape, block_budget: int, *, balance: bool = False) -> None:
+        nodes = max(1, shape.nodes)
         self.physical = physical
+        self.shape = dataclasses.replace(shape, workers_per_node=max(1, shape.workers_per_node))
+        self.balance = balance  # free tasks by earliest finish time, not by NumS's load maxima
         self.block_budget = block_budget
         self.nodes = nodes
         self.load = ClusterLoad(physical, nodes)
@@ -176,10 +182,15 @@ class _Placer:
 
     # -- choosing a node ---------------------------------------------------------------------
     def candidates(self, task: Task) -> Iterable[int]:
-        blocks = (TaskResult, SourceBlock, CachedBlock)
-        pinned = any(a in self.load.home for a in task.args if isinstance(a, blocks))
+        # A stored (or kept) block is read where its first consumer runs and stays there for
+        # the job, and each program of a job is placed on its own: only a layout that is the
+        # same in every program (cyclic, from the block grid) keeps a later program from
+        # fetching the blocks an earlier one read. So a task that reads blocks not read yet
+        # runs on their cyclic node even when it also takes results placed elsewhere (CP-ALS's
+        # mode-1 MTTKRP takes a slice of a factor from node 0: placed freely, it dealt X's
+        # blocks anew and fetched 1 TB that the norm pass had read).
         fresh = [a for a in task.args if isinstance(a, SourceBlock | CachedBlock) and a not in self.load.home]
-        if fresh and not pinned:  # stored (and kept) arrays start in their cyclic layout
+        if fresh:
             return sorted({self.cyclic(a) for a in fresh})
         return range(self.nodes)
 
@@ -189,14 +200,23 @@ class _Placer:
         assert isinstance(block, CachedBlock)
         return block.position % self.nodes  # kept blocks are numbered in row-major block order
 
-    def score(self, trial: Trial) -> tuple[int, int, int, int]:
+    def score(self, trial: Trial) -> tuple[float, int, int, int]:
         load = self.load
         out = max((load.net_out[h] + b for h, b in trial.sent), default=0)
         worst = max(load.max_peak, trial.peak) + max(load.max_in, trial.net_in) + max(load.max_out, out)
         return worst, trial.moved, load.work[trial.node], trial.node
 
+    def finish(self, trial: Trial) -> tuple[float, int, int]:
+        """When the node would be done: its work (bytes touched, shared by its workers) and
+        the bytes it received, each at its rate (earliest finish time, as in HEFT)."""
+        load, shape = self.load, self.shape
+        seconds = ((load.work[trial.node] + trial.touched) / (shape.workers_per_node * shape.memory_bytes_per_s)
+                   + trial.net_in / shape.network_bytes_per_s)
+        return seconds, trial.moved, trial.node
+
     def place(self, task: Task, candidates: Iterable[int]) -> TaskResult:
-        node = min(self.load.trials(task, candidates), key=self.score).node
+        free = self.balance and isinstance(candidates, range) and len(candidates) == self.nodes
+        node = min(self.load.trials(task, candidates), key=self.finish if free else self.score).node
         placed = dataclasses.replace(task, node=node)
         self.load.run(placed, node)
         self.placed.append(placed)
@@ -235,6 +255,14 @@ class _Placer:
                 return self.load.home[result], result
 
             combine_tree(per_node, across, fan_in)
+
+    def seconds(self) -> float:
+        """The placement's time as ``costing.estimate`` counts it, from bytes alone: the
+        busiest node's work over its workers, and the bytes moved over every node's network
+        (the whole plan's, so two placements of it compare)."""
+        load, shape = self.load, self.shape
+        return (max(load.work) / (shape.workers_per_node * shape.memory_bytes_per_s)
+                + load.moved / (self.nodes * shape.network_bytes_per_s))
 
     def fresh_id(self, base: str) -> str:
         task_id, k = base, 0

@@ -24,6 +24,11 @@ class ClusterShape:
     nodes: int = 1
     workers_per_node: int = 2
     memory_per_node: int = 16 * GiB
+    # what a byte costs in time, for placement to weigh compute against traffic: one worker
+    # streaming through memory, and one node's network (the shipped machine profile's
+    # rates; ``costing.estimate`` passes the profile it prices with)
+    memory_bytes_per_s: float = 8e9
+    network_bytes_per_s: float = 1e9
 
     @property
     def workers(self) -> int:

@@ -70,6 +70,11 @@ class ClusterOptions:
     node_type: str | None = field(default=None, metadata={"check": bool, "expect": "an instance type of the price table"})
     scale_timeout: float | str = field(default=600.0, metadata={"check": _is_duration,
                                                                 "expect": "a duration like 90s, 10m or 1.5h"})
+    # how long a node the autoscaler adds takes to boot and join Ray, for the estimate (its
+    # wall time, node-seconds and dollars); default: the price table's node_startup for the
+    # node type, else costing.estimate.DEFAULT_NODE_STARTUP_SECONDS
+    node_startup: float | str | None = field(default=None, metadata={
+        "check": lambda v: v == 0 or _is_duration(v), "expect": "a duration like 45s or 2m, or 0"})
     # bytes of each node's object store the job's blocks may hold: a size ("600MB", bytes as an
     # integer) or a fraction of the store (0.5, "50%"); default DEFAULT_BUDGET_FRACTION
     memory_budget: str | int | float | None = field(default=None, metadata={
@@ -97,6 +102,13 @@ class ClusterOptions:
     @property
     def scale_timeout_seconds(self) -> float:
         return seconds(self.scale_timeout)
+
+    @property
+    def node_startup_seconds(self) -> float | None:
+        """``node_startup`` in seconds, if set."""
+        if self.node_startup is None:
+            return None
+        return 0.0 if self.node_startup == 0 else seconds(self.node_startup)
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,9 @@ def test_scales_up_from_no_workers_runs_and_gives_the_nodes_back(fake_cluster, j
     assert report["dollars"]["compute"] == pytest.approx(nodes["node_seconds"] / 3600 * rate, abs=1e-6)
     assert report["estimate"]["nodes"]["count"] == len(report["cluster"]["node_ids"])
     assert "nodes.node_seconds" in report["estimate_error"]
+    # the estimate waits for the nodes the autoscaler added, at fake.small's node_startup
+    assert 3 <= report["estimate"]["nodes"]["added"] <= nodes["added"]
+    assert report["estimate"]["nodes"]["scale_up_seconds"] == 20.0
     # the result is the reference's
     X = zarr.open_array(str(job / "data" / "X.zarr"))[:]
     y = zarr.open_array(str(job / "data" / "y.zarr"))[:]
