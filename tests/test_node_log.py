@@ -77,3 +77,24 @@ def test_node_request_asks_for_what_the_plan_puts_on_a_node(workdir):
     assert request.enough == choice.needed >= 2
     assert 0 < request.object_store_bytes <= usable_bytes(small)
     assert runner.sizes_cluster(spec)
+
+
+def test_nodes_started_for_the_request_count_from_it(monkeypatch):
+    """A node that boots for the job's request is the job's (and billed) from the request,
+    not from when Ray first saw it; one that joins later counts from its join."""
+    clock = Clock()
+    monkeypatch.setattr("arrayjob.runtime.metrics.time.perf_counter", clock)
+    log = NodeLog(started=0.0)
+    clock.now = 1.0
+    log.start({"a"})  # the request
+    clock.now = 4.0
+    log.observe({"a", "b"})
+    clock.now = 9.0
+    log.observe({"a", "b", "c"})
+    log.up()  # the wait is over
+    clock.now = 15.0
+    log.observe({"a", "b", "c", "d"})  # joined mid-job
+    clock.now = 20.0
+    log.release()
+    spans = {p["node_id"]: (p["since"], p["seconds"]) for p in log.as_dict()["per_node"]}
+    assert spans == {"a": (1.0, 19.0), "b": (1.0, 19.0), "c": (1.0, 19.0), "d": (15.0, 5.0)}

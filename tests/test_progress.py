@@ -150,6 +150,16 @@ def test_plain_lines_every_n_iterations_or_ten_seconds():
     assert "gradient norm 2.81e-09" in out.getvalue()
 
 
+def test_node_lines_name_the_stage_only_inside_one():
+    import io
+
+    out = io.StringIO()
+    lines = PlainLines(out, every_iterations=10, every_seconds=10.0)
+    lines(_event("node_joined", 10.3, stage=None, node="n1"))  # as the job connects, between stages
+    lines(_event("node_lost", 12.0, node="n2"))
+    text = out.getvalue()
+    assert "] node n1 joined\n" in text and "] fit: node n2 lost\n" in text and "None" not in text
+
 def test_time_left_by_the_estimate():
     watch = Watch()
     estimate = {"wall_seconds": 16.0, "iterations": 100,

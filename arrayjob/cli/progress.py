@@ -137,10 +137,11 @@ def _event_line(event: ProgressEvent, watch: Watch) -> str | None:
         return ", ".join(parts)
     if event.kind == "retry":
         return f"{event.stage}: {d['count']} {d['what']} {'retry' if d['count'] == 1 else 'retries'}"
+    where = f"{event.stage}: " if event.stage else ""  # between stages (a node seen as the job connects)
     if event.kind == "node_lost":
-        return f"{event.stage}: node {d['node']} lost"
+        return f"{where}node {d['node']} lost"
     if event.kind == "node_joined":
-        return f"{event.stage}: node {d['node']} joined"
+        return f"{where}node {d['node']} joined"
     if event.kind == "publish":
         return f"published run {d['run_id']} to {d['uri']}"
     return None

@@ -68,7 +68,10 @@ Listener = Callable[[ProgressEvent], None]
 @dataclass
 class NodeLog:
     """Which worker nodes (Ray nodes with CPUs) the job used, from when to when: each node
-    from the first time the job saw it alive to when it left or the job released it."""
+    from the first time the job saw it alive to when it left or the job released it. A node
+    that arrived while the job waited for the nodes it asked for counts from the request: it
+    was started for the job, booting (and billed) before Ray saw it, as the estimate prices it
+    (``costing.estimate``: node start-up)."""
 
     started: float = field(default_factory=time.perf_counter)
     joined: dict[str, float] = field(default_factory=dict)  # node id -> seconds since the start
@@ -77,14 +80,21 @@ class NodeLog:
     events: list[dict[str, object]] = field(default_factory=list)  # {seconds, node, kind: join|leave|release}
     most: int = 0
     released: bool = False
+    asked: float | None = None  # when the job asked the autoscaler for nodes
+    arrived: float | None = None  # when it stopped waiting for them
 
     def _now(self) -> float:
         return round(time.perf_counter() - self.started, 3)
 
     def start(self, alive: set[str]) -> None:
-        """The nodes alive when the job connected (not added for it)."""
+        """The nodes alive when the job connected (not added for it), as it asks for more."""
         self.present |= alive
+        self.asked = self._now()
         self.observe(alive)
+
+    def up(self) -> None:
+        """The job has stopped waiting for the nodes it asked for."""
+        self.arrived = self._now()
 
     def observe(self, alive: set[str]) -> None:
         """The worker nodes alive now: joins and departures since the last look."""
@@ -114,13 +124,20 @@ class NodeLog:
         """Nodes that joined after the job connected: started for it (or for another job then)."""
         return [n for n in self.joined if n not in self.present]
 
+    def since(self, node: str) -> float:
+        """When the job's use of ``node`` began: its request, for a node started for it."""
+        if self.asked is not None and self.arrived is not None and node not in self.present \
+                and self.joined[node] <= self.arrived:
+            return self.asked
+        return self.joined[node]
+
     def seconds(self, node: str) -> float:
-        return self.left.get(node, self._now()) - self.joined[node]
+        return self.left.get(node, self._now()) - self.since(node)
 
     def as_dict(self) -> dict[str, object]:
         return {"count": self.most, "added": len(self.added),
                 "node_seconds": round(sum(self.seconds(n) for n in self.joined), 3),
-                "per_node": [{"node_id": n, "joined": self.joined[n], "left": self.left.get(n),
+                "per_node": [{"node_id": n, "since": self.since(n), "joined": self.joined[n], "left": self.left.get(n),
                               "seconds": round(self.seconds(n), 3), "added": n not in self.present}
                              for n in self.joined],
                 "events": list(self.events)}

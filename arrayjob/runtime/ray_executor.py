@@ -369,7 +369,7 @@ class RayExecutor:
         if self.metrics.nodes is not None:
             self.metrics.nodes.observe(self._workers)
         lost = sorted(self._seen - alive - self._lost)
-        for node in sorted(alive - self._seen):
+        for node in sorted((alive - self._seen) & self._workers):  # a head without CPUs runs no block
             self.metrics.emit("node_joined", node=node)
         self._seen |= alive
         for node in lost:

@@ -87,6 +87,7 @@ def requested_nodes(request: NodeRequest, log: NodeLog, notify: Callable[[str], 
                        f"({duration(waited)} of {duration(request.timeout)})")
                 said = (len(alive), waited)
             time.sleep(POLL_SECONDS)
+        log.up()
         info = describe()
         up = len(info.node_ids)
         if up < request.enough:
