@@ -92,6 +92,8 @@ def test_scales_up_from_no_workers_runs_and_gives_the_nodes_back(fake_cluster, j
     assert len(report["cluster"]["node_ids"]) >= 3 and report["tasks"]["per_node"].count(0) == 0
     spans = nodes["per_node"]
     assert all(p["added"] and p["left"] is not None and p["seconds"] > 0 for p in spans)
+    # each was started for the job's request: its span (node-seconds, dollars) begins with it
+    assert all(p["since"] < p["joined"] for p in spans) and len({p["since"] for p in spans}) == 1
     assert nodes["node_seconds"] == pytest.approx(sum(p["seconds"] for p in spans), abs=0.01)
     assert [e["kind"] for e in nodes["events"]].count("join") == len(spans)
     rate = 0.1  # fake.small's dollars per hour in tests/autoscale/prices.toml
@@ -100,7 +102,7 @@ def test_scales_up_from_no_workers_runs_and_gives_the_nodes_back(fake_cluster, j
     assert "nodes.node_seconds" in report["estimate_error"]
     # the estimate waits for the nodes the autoscaler added, at fake.small's node_startup
     assert 3 <= report["estimate"]["nodes"]["added"] <= nodes["added"]
-    assert report["estimate"]["nodes"]["scale_up_seconds"] == 20.0
+    assert report["estimate"]["nodes"]["scale_up_seconds"] == 12.0
     # the result is the reference's
     X = zarr.open_array(str(job / "data" / "X.zarr"))[:]
     y = zarr.open_array(str(job / "data" / "y.zarr"))[:]
