@@ -173,3 +173,33 @@ def test_finer_blocks_when_the_inputs_exceed_the_budget(tmp_path) -> None:
         resident[target] = plan_residency(physical, 1, 480 * 10**6, repeats=100).resident_fraction
     coarse, fine = resident.values()
     assert coarse < 0.2 < 0.28 < fine <= 480 / 1536
+
+
+def test_finer_blocks_keep_the_compiled_loops(tmp_path) -> None:
+    """The budget's finer blocks (51 MB, under the 64 MiB a block needs for compiled loops)
+    are the same big job: its kernels say so (``worker_bytes``) and the workers compile the
+    loops for them, as for its blocks without a budget; a small job's kernels do not."""
+    from arrayjob import kernels
+    from arrayjob.kernels import blockprogram
+    from arrayjob.planner.physical import BlockKernel
+    from arrayjob.planner.plan import TARGET_BLOCK_BYTES
+    from arrayjob.planner.residency import block_target
+
+    def logistic_kernel(rows: int, target: int) -> BlockKernel:
+        X = ArrayInfo("X", parse_uri(str(tmp_path / "X.zarr")), (rows, 64), "float64", (100_000, 64), 3)
+        x, w = la.from_zarr(X), la.value("w", (64,))
+        program = [la.sum(la.logaddexp(0.0, x @ w)), x.T @ la.sigmoid(x @ w)]
+        options = PlanOptions(cluster=ClusterShape(nodes=1, workers_per_node=2), target_block_bytes=target)
+        physical = make_plan(la.capture(program), options).physical
+        return next(t.kernel.fn for t in physical.tasks if isinstance(t.kernel.fn, BlockKernel))
+
+    big = logistic_kernel(3_000_000, block_target(480 * 10**6, 3_000_000 * 64 * 8, TARGET_BLOCK_BYTES))
+    small = logistic_kernel(300_000, TARGET_BLOCK_BYTES)  # 154 MB over 2 workers: blocks of 51 MB
+    assert big.worker_bytes == 3_000_000 * 64 * 8 // 2
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal((20_000, 64)), rng.standard_normal(64)]  # any block: the choice is the job's
+    assert blockprogram.Program(big, args).row_loop is not None
+    assert blockprogram.Program(small, args).row_loop is None
+    got, want = kernels.run(big, *args), kernels.interpret(big, *args)
+    for g, r in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-10)
