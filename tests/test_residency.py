@@ -203,3 +203,33 @@ def test_finer_blocks_keep_the_compiled_loops(tmp_path) -> None:
     got, want = kernels.run(big, *args), kernels.interpret(big, *args)
     for g, r in zip(got, want, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-10)
+
+
+def test_the_budget_blocks_weigh_streamed_bytes_against_tasks(tmp_path) -> None:
+    """``budget_block_target`` against every candidate planned out: with free tasks it keeps
+    the most resident (the fewest bytes streamed), with dear ones the fewest tasks; between
+    them, the cheapest of the two costs added."""
+    from arrayjob.planner.pipeline import BLOCKS_PER_BUDGET, budget_block_target
+    from arrayjob.planner.plan import TARGET_BLOCK_BYTES
+
+    X = ArrayInfo("X", parse_uri(str(tmp_path / "X.zarr")), (3_000_000, 64), "float64", (100_000, 64), 3)
+    x, w = la.from_zarr(X), la.value("w", (64,))
+    graph = la.capture([la.sum(la.logaddexp(0.0, x @ w)), x.T @ la.sigmoid(x @ w)])
+    options = PlanOptions(cluster=ClusterShape(nodes=1, workers_per_node=2))
+    budget = 400 * 10**6
+
+    def planned(target: int, rates: StreamRates) -> tuple[int, int]:
+        import dataclasses
+
+        physical = make_plan(graph, dataclasses.replace(options, target_block_bytes=target)).physical
+        r = plan_residency(physical, 1, budget, repeats=10, rates=rates)
+        return r.streamed_bytes, len(physical.tasks)
+
+    candidates = {max(2**20, min(TARGET_BLOCK_BYTES, budget // k)) for k in BLOCKS_PER_BUDGET}
+    free_tasks = StreamRates(bucket_bytes_per_s=2e8, spill_bytes_per_s=1e9, spill_capacity=10**12)
+    dear_tasks = StreamRates(bucket_bytes_per_s=2e8, spill_bytes_per_s=1e12, spill_capacity=10**12, task_seconds=1.0)
+    for rates, key in ((free_tasks, lambda c: c[0]), (dear_tasks, lambda c: c[1])):
+        chosen = budget_block_target([(graph, 10)], options, budget, X.nbytes, repeats=10, rates=rates)
+        assert chosen in candidates
+        assert key(planned(chosen, rates)) == min(key(planned(t, rates)) for t in candidates)
+    assert budget_block_target([(graph, 10)], options, 10**10, X.nbytes, repeats=10, rates=free_tasks) == TARGET_BLOCK_BYTES
