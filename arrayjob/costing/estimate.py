@@ -333,13 +333,17 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         if residency is not None and not residency.streams and not read_before:
             uses.clear()  # everything fits: read once in load, as before
         if fresh:  # stored blocks are read once, by one task each, then kept for the job
-            kept = [(block_homes[b], _block_bytes(physical, b)) for b in block_homes if key[b] in resident]
-            seconds["load"] += _read_seconds(kept, profile, cluster)
-            for b in block_homes:
-                if key[b] in resident:
-                    load.bytes_read += _block_bytes(physical, b)
-                    load.get_requests += _block_requests(physical, b)
-            load.tasks += sum(1 for b in block_homes if key[b] in resident)
+            # or written to their node's spill, if streamed from there (the runtime's load does)
+            spilled = {b for b in block_homes if residency is not None and residency.source == "spill"
+                       and b in residency.streamed}
+            first = [b for b in block_homes if key[b] in resident or b in spilled]
+            seconds["load"] += _read_seconds([(block_homes[b], _block_bytes(physical, b)) for b in first],
+                                             profile, cluster)
+            for b in first:
+                load.bytes_read += _block_bytes(physical, b)
+                load.get_requests += _block_requests(physical, b)
+            load.tasks += len(first)
+            read_before.update(key[b] for b in spilled)
             sources_seen.update(s.array.uri for s in fresh)
         run_seconds = _compute_seconds(cost, profile, cluster)
         if uses:

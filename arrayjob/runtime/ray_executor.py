@@ -191,6 +191,15 @@ def _run_streaming(fn: Any, num_outputs: int, options: StorageOptions, *args: An
     return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), in_bytes, _attempt(), reads))
 
 
+@ray.remote(max_retries=TASK_RETRIES)
+def _write_spill(read: StreamedRead, options: StorageOptions) -> dict[str, Any]:
+    """Read a streamed block from storage into its node's spill (at load): its stats."""
+    _, stats = read.read(options)
+    stats["node"] = _this_node()
+    stats["attempt"] = _attempt()
+    return stats
+
+
 @ray.remote
 def _remove_spill(directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
@@ -426,6 +435,7 @@ class RayExecutor:
             for arg in task.args:
                 if isinstance(arg, SourceBlock):
                     first_use.setdefault(arg, task.node)
+        spilled: list[tuple[SourceBlock, int | None]] = []
         if residency is not None and residency.streams:
             self._streaming = True
             for ref in residency.streamed:
@@ -433,10 +443,29 @@ class RayExecutor:
                 name = f"{source.array.name}-{'.'.join(map(str, ref.index))}-{abs(hash(source)):x}.npy"
                 self._stream[(source, ref.index)] = os.path.join(self._spill_dir, name) \
                     if residency.source == "spill" else None
+            if residency.source == "spill":
+                spilled = [(ref, node) for ref, node in first_use.items() if ref in residency.streamed]
             first_use = {ref: node for ref, node in first_use.items() if ref in residency.resident}
         for ref, node in first_use.items():
             self._block(plan, ref, node)
+        self._spill(plan, spilled)
         self._collect_stats()
+
+    def _spill(self, plan: PhysicalPlan, blocks: list[tuple[SourceBlock, int | None]]) -> None:
+        """Read streamed blocks from storage into the spill of the node that uses them, now:
+        the load reads every block once (the resident ones into the object store), and the
+        iterations that follow bring every streamed block back from the spill alike."""
+        if not blocks:
+            return
+        waits = []
+        for ref, node in blocks:
+            source = plan.source(ref.array)
+            read = StreamedRead(source, ref.index, self._stream[(source, ref.index)])
+            waits.append((read, _write_spill.options(**self._options(node), name="spill block").remote(read, self.options)))
+        for (read, _), stats in zip(waits, self._get([w for _, w in waits]), strict=True):
+            self.metrics.fault("task_retry", stats.get("attempt", 0))
+            self._count_reads(plan, {(read.source.array.name, read.index): stats})
+        self.metrics.count_tasks(len(blocks))
 
     def _streamed(self, plan: PhysicalPlan, ref: SourceBlock) -> StreamedRead | None:
         """The read a task makes itself of ``ref``, if it is not held (under a budget)."""
