@@ -38,9 +38,9 @@ in the object store where their tasks ran, and later plans take them zero-copy.
 Memory budget (``planner.residency``): a ``load`` given a ``Residency`` that streams reads
 only the resident blocks into the object store. A streamed block (and, from then on, any
 block not resident) is read by the task that uses it, on its worker, from the node's own
-spill of it when the plan says so (written by its first read, a ``.npy`` file on local
-disk) or else from storage; it never enters the object store and is freed when its task
-ends. Tasks are submitted in the planner's order, so blocks are read while others compute.
+spill of it when the plan says so (a ``.npy`` file on local disk, written by the load, one
+task per block, and mapped read-only from the page cache by each use) or else from
+storage; it never enters the object store and is freed when its task ends. Tasks are submitted in the planner's order, so blocks are read while others compute.
 Each streaming task reports its reads in its record; the first read of a block from storage
 is a read, any later one a re-read (``RunMetrics.bytes_reread``). The spill is removed by
 ``close``.
