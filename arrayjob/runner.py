@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrayjob.costing.estimate import Estimate, estimate_job, stream_rates
+from arrayjob.costing.estimate import Estimate, estimate_job, job_block_target, stream_rates
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import MachineProfile, load_profile
 from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
@@ -26,7 +26,7 @@ from arrayjob.io.output import JobOutput
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import Job, JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions
-from arrayjob.planner.residency import Residency, block_target
+from arrayjob.planner.residency import Residency, StreamRates
 from arrayjob.report import html as report_html
 from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import ClusterInfo, cluster_shape, ray_cluster
@@ -73,14 +73,15 @@ def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
 
 def plan_options(spec: JobSpec, cluster: ClusterShape, job: Job | None = None,
                  budget: MemoryBudget | None = None) -> PlanOptions:
-    """The planner's options; under a budget the inputs exceed, finer blocks (``block_target``)."""
+    """The planner's options; under a budget the inputs exceed, the blocks whose run costs least
+    (``costing.estimate.job_block_target``, as ``estimate`` plans it)."""
     p = spec.planner
     options = PlanOptions(tiling=p.tiling, fusion=p.fusion, placement=p.placement, cluster=cluster)
     if job is None or budget is None:
         return options
-    inputs = sum(info.nbytes for info in job.arrays.values())
-    return dataclasses.replace(options, target_block_bytes=block_target(budget.bytes, inputs,
-                                                                        options.target_block_bytes))
+    target = job_block_target(job, options, budget.bytes, repeats=budget.repeats,
+                              rates=budget.rates or StreamRates(1.0, 1.0))
+    return dataclasses.replace(options, target_block_bytes=target)
 
 
 def memory_budget(spec: JobSpec, job: Job, cluster: ClusterInfo, profile: MachineProfile) -> MemoryBudget:

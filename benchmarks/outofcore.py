@@ -1,7 +1,7 @@
 """Bigger than the object store (issue 17): a job's seconds per iteration with planned
 residency, against the same job in memory and against Ray's own spilling, in one run.
 
-    .venv/bin/python benchmarks/outofcore.py [--size full|quick] [--only logreg,kmeans]
+    .venv/bin/python benchmarks/outofcore.py [--size full|quick] [--only logreg,kmeans,pagerank]
                                               [--json FILE] [--markdown FILE]
 
 Each case is one `arrayjob run` process with its own private Ray (the store sizes differ),
@@ -15,11 +15,17 @@ on the same data (generated once into ``--workdir`` with `arrayjob datagen`):
 - ``planned, bucket``: the same with a profile whose local disk reads slower than storage,
   so streamed blocks are re-read from the input's storage (where spilling is impossible).
 
+PageRank (an R-MAT graph whose kept CSR blocks are about twice the store) runs the first
+three: its edges are streamed under the budget, but the graph it builds from them and keeps
+between iterations (``Session.persist``) is not, so with the store capped Ray spills it
+whatever the budget says.
+
 Per iteration: the fit stage's seconds over the passes the job made over its input (logreg's
-``evaluations``, KMeans' ``iterations``). Beside each, the estimate made for the run and the
-report's resident fraction, bytes brought back and peak memory per node. Sizes: ``full``
-(the issue's: X 3,000,000 × 64 float64, 1.54 GB, store 600 MB) and ``quick`` (300,000 × 64,
-store 80 MB).
+``evaluations``, KMeans' and PageRank's ``iterations``). Beside each, the estimate made for
+the run and the report's resident fraction, bytes brought back and peak memory per node.
+Sizes: ``full`` (the issue's: X 3,000,000 × 64 float64, 1.54 GB, store 600 MB; PageRank
+2,500,000 nodes and 25,000,000 edges, about 0.3 GB of graph, store 150 MB) and ``quick``
+(300,000 × 64, store 80 MB; 1,000,000 nodes, 12,000,000 edges, store 80 MB).
 """
 
 from __future__ import annotations
@@ -38,15 +44,25 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 ARRAYJOB = str(Path(sys.executable).with_name("arrayjob"))
 
-SIZES = {"full": {"rows": 3_000_000, "cols": 64, "chunk_rows": 100_000, "store": "600MB", "k": 8},
-         "quick": {"rows": 300_000, "cols": 64, "chunk_rows": 10_000, "store": "80MB", "k": 8}}
-ITERATIONS = {"logreg": 10, "kmeans": 10}
+# PageRank's graph (CSR: 12 bytes per distinct edge) is about twice its own store, ``graph_store``
+SIZES = {"full": {"rows": 3_000_000, "cols": 64, "chunk_rows": 100_000, "store": "600MB", "k": 8,
+                  "graph_nodes": 2_500_000, "graph_edges": 25_000_000, "edge_chunk_rows": 1_000_000,
+                  "graph_store": "150MB"},
+         "quick": {"rows": 300_000, "cols": 64, "chunk_rows": 10_000, "store": "80MB", "k": 8,
+                   "graph_nodes": 1_000_000, "graph_edges": 12_000_000, "edge_chunk_rows": 500_000,
+                   "graph_store": "80MB"}}
+ITERATIONS = {"logreg": 10, "kmeans": 10, "pagerank": 10}
+INPUT = {"logreg": "X.zarr", "kmeans": "X.zarr", "pagerank": "edges.zarr"}
 
 
 def spec(path: Path, algorithm: str, data: Path, output: Path, size: dict) -> Path:
-    inputs = f'X = "{data}/X.zarr"\n' + (f'y = "{data}/y.zarr"\n' if algorithm == "logreg" else "")
+    if algorithm == "pagerank":
+        inputs = f'edges = "{data}/edges.zarr"\n'
+    else:
+        inputs = f'X = "{data}/X.zarr"\n' + (f'y = "{data}/y.zarr"\n' if algorithm == "logreg" else "")
     # tol 0: every case makes the same number of passes
-    params = 'solver = "lbfgs"\ntol = 1e-300\n' if algorithm == "logreg" else f"k = {size['k']}\ntol = 1e-300\n"
+    params = {"logreg": 'solver = "lbfgs"\ntol = 1e-300\n', "kmeans": f"k = {size['k']}\ntol = 1e-300\n",
+              "pagerank": "tol = 1e-300\n"}[algorithm]
     path.write_text(f'[job]\nname = "ooc-{algorithm}"\nalgorithm = "{algorithm}"\n\n[inputs]\n{inputs}\n'
                     f"[params]\n{params}max_iter = {ITERATIONS[algorithm]}\n\n[output]\nuri = \"{output}\"\n\n"
                     "[cluster]\nnum_cpus = 2\n\n[run]\ncheckpoint_every = 3600\n")
@@ -93,7 +109,7 @@ def summarize(name: str, report: dict, passes_key: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=list(SIZES), default="quick")
-    parser.add_argument("--only", default="logreg,kmeans")
+    parser.add_argument("--only", default="logreg,kmeans,pagerank")
     parser.add_argument("--workdir", type=Path, default=REPO / ".arrayjob" / "bench" / "outofcore")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
@@ -104,10 +120,14 @@ def main() -> int:
     rows = []
     for algorithm in args.only.split(","):
         data = work / algorithm
-        if not (data / "X.zarr").exists():
-            subprocess.run([ARRAYJOB, "datagen", algorithm, str(data), "--rows", str(size["rows"]), "--cols",
-                            str(size["cols"]), "--chunk-rows", str(size["chunk_rows"]),
-                            *(["--k", str(size["k"])] if algorithm == "kmeans" else [])], check=True)
+        if not (data / INPUT[algorithm]).exists():
+            if algorithm == "pagerank":
+                shape = ["--rows", str(size["graph_nodes"]), "--edges", str(size["graph_edges"]),
+                         "--chunk-rows", str(size["edge_chunk_rows"])]
+            else:
+                shape = ["--rows", str(size["rows"]), "--cols", str(size["cols"]), "--chunk-rows", str(size["chunk_rows"]),
+                         *(["--k", str(size["k"])] if algorithm == "kmeans" else [])]
+            subprocess.run([ARRAYJOB, "datagen", algorithm, str(data), *shape], check=True)
         with tempfile.TemporaryDirectory() as tmp:
             cwd = Path(tmp)
             slow = Path(tmp) / "slow"
@@ -121,13 +141,15 @@ def main() -> int:
             slow_profile = dataclasses.replace(profile, spill_read_bytes_per_s=profile.storage_read_bytes_per_s / 10)
             (slow / ".arrayjob" / "profile.json").write_text(slow_profile.to_json())
             path = spec(cwd / f"{algorithm}.toml", algorithm, data, cwd / "out", size)
-            store = size["store"]
+            store = size["graph_store"] if algorithm == "pagerank" else size["store"]
             cases = [
                 ("in memory", cwd, []),
                 ("Ray's spilling", cwd, [f"cluster.object_store_memory={store}", "cluster.memory_budget=1TB"]),
                 ("planned, spill", cwd, [f"cluster.object_store_memory={store}"]),
                 ("planned, bucket", slow, [f"cluster.object_store_memory={store}"]),
             ]
+            if algorithm == "pagerank":  # its edges stream from the spill or not at all: no bucket case
+                cases = cases[:3]
             key = "evaluations" if algorithm == "logreg" else "iterations"
             for name, where, sets in cases:
                 print(f"{algorithm}: {name} ...", file=sys.stderr, flush=True)
@@ -137,6 +159,7 @@ def main() -> int:
                 print(json.dumps(row), file=sys.stderr, flush=True)
     load = os.getloadavg()
     result = {"size": args.size, "store": size["store"], "rows": size["rows"], "cols": size["cols"],
+              "graph": f"{size['graph_nodes']:,} nodes, {size['graph_edges']:,} edges, store {size['graph_store']}",
               "load_average": load, "cases": rows}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +176,8 @@ def markdown_table(result: dict) -> str:
     def mb(n: float) -> str:
         return f"{n / 1e6:,.0f} MB"
 
-    lines = [f"X {result['rows']:,} × {result['cols']} float64, store {result['store']}, "
+    lines = [f"X {result['rows']:,} × {result['cols']} float64 (PageRank: {result.get('graph', '-')}), "
+             f"store {result['store']}, "
              f"load average {', '.join(f'{x:.1f}' for x in result['load_average'])}", "",
              "| workload | case | s / pass (estimate) | × in memory | resident (estimate) | brought back / pass "
              "(estimate), from | peak / node (budget) |", "|---|---|---|---|---|---|---|"]
@@ -163,7 +187,9 @@ def markdown_table(result: dict) -> str:
             lines.append(f"| {r['workload']} | {r['case']} | failed: {r['error']} | | | | |")
             continue
         ratio = r["seconds_per_pass"] / base[r["workload"]] if base.get(r["workload"]) else float("nan")
-        back = r["brought_back_bytes"] / max(1, r["passes"] - 1)  # the first pass reads, the others bring back
+        # from the spill every pass brings its blocks back (the load wrote it); from the bucket
+        # the first pass reads them and the others bring them back
+        back = r["brought_back_bytes"] / max(1, r["passes"] - (r["streamed_from"] != "spill"))
         lines.append(
             f"| {r['workload']} | {r['case']} | {r['seconds_per_pass']:.3f} ({r['estimate_seconds_per_pass']:.3f}) "
             f"| {ratio:.2f} | {r['resident_fraction']:.0%} ({r['estimate_resident_fraction']:.0%}) "

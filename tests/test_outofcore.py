@@ -100,6 +100,13 @@ def test_a_budget_of_40_percent_gives_the_same_result(workdir, capsys, name):
         np.testing.assert_allclose(got[key], expected[key], rtol=1e-8, atol=1e-8, err_msg=key)
     if name in ITERATIVE:  # blocks came back from the spill, every later iteration
         assert memory["streamed_from"] == "spill" and memory["spill_bytes_read"] > 0
+        # the load read the streamed blocks into the spill (as estimated): a fit reads no storage
+        stages = {s["name"]: s for s in bounded["stages"]}
+        estimated = {s["name"]: s for s in bounded["estimate"]["stages"]}
+        assert stages["load"]["storage.bytes_read"] == pytest.approx(estimated["load"]["storage.bytes_read"], abs=1024)
+        assert stages["load"]["storage.bytes_read"] >= inputs
+        if name == "logreg":  # nothing demoted (KMeans' final pass re-reads what it pushes out)
+            assert stages["fit"]["storage.bytes_read"] == estimated["fit"]["storage.bytes_read"] == 0
     else:  # no iterations: blocks read by their tasks, once per task (TSQR reads A twice), as estimated
         assert memory["spill_bytes_read"] == 0
         assert bounded["storage"]["bytes_reread"] == bounded["estimate"]["storage"]["bytes_reread"]
@@ -206,9 +213,9 @@ def test_session_streams_under_a_budget_and_close_removes_the_spill(tmp_path, me
         again = sum((3 * n - 1) * residency.block_bytes[b] for b, n in uses.items())  # all reads but the first
         if rates is None:  # in process: re-read from storage at every use after the first
             assert streaming.bytes_reread == again
-        else:  # the first read wrote the spill, every later one read it back
+        else:  # the load read each streamed block into the spill; every use read it back
             assert streaming.bytes_reread == 0 and streaming.spill_bytes_written == residency.streamed_bytes
-            assert streaming.spill_bytes_read == again
+            assert streaming.spill_bytes_read == again + sum(residency.block_bytes[b] for b in uses)
             spill_dir = ray_executor._spill_dir
             assert len(os.listdir(spill_dir)) == len(residency.streamed)
             executor.close()

@@ -173,3 +173,63 @@ def test_finer_blocks_when_the_inputs_exceed_the_budget(tmp_path) -> None:
         resident[target] = plan_residency(physical, 1, 480 * 10**6, repeats=100).resident_fraction
     coarse, fine = resident.values()
     assert coarse < 0.2 < 0.28 < fine <= 480 / 1536
+
+
+def test_finer_blocks_keep_the_compiled_loops(tmp_path) -> None:
+    """The budget's finer blocks (51 MB, under the 64 MiB a block needs for compiled loops)
+    are the same big job: its kernels say so (``worker_bytes``) and the workers compile the
+    loops for them, as for its blocks without a budget; a small job's kernels do not."""
+    from arrayjob import kernels
+    from arrayjob.kernels import blockprogram
+    from arrayjob.planner.physical import BlockKernel
+    from arrayjob.planner.plan import TARGET_BLOCK_BYTES
+    from arrayjob.planner.residency import block_target
+
+    def logistic_kernel(rows: int, target: int) -> BlockKernel:
+        X = ArrayInfo("X", parse_uri(str(tmp_path / "X.zarr")), (rows, 64), "float64", (100_000, 64), 3)
+        x, w = la.from_zarr(X), la.value("w", (64,))
+        program = [la.sum(la.logaddexp(0.0, x @ w)), x.T @ la.sigmoid(x @ w)]
+        options = PlanOptions(cluster=ClusterShape(nodes=1, workers_per_node=2), target_block_bytes=target)
+        physical = make_plan(la.capture(program), options).physical
+        return next(t.kernel.fn for t in physical.tasks if isinstance(t.kernel.fn, BlockKernel))
+
+    big = logistic_kernel(3_000_000, block_target(480 * 10**6, 3_000_000 * 64 * 8, TARGET_BLOCK_BYTES))
+    small = logistic_kernel(300_000, TARGET_BLOCK_BYTES)  # 154 MB over 2 workers: blocks of 51 MB
+    assert big.worker_bytes == 3_000_000 * 64 * 8 // 2
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal((20_000, 64)), rng.standard_normal(64)]  # any block: the choice is the job's
+    assert blockprogram.Program(big, args).row_loop is not None
+    assert blockprogram.Program(small, args).row_loop is None
+    got, want = kernels.run(big, *args), kernels.interpret(big, *args)
+    for g, r in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-10)
+
+
+def test_the_budget_blocks_weigh_streamed_bytes_against_tasks(tmp_path) -> None:
+    """``budget_block_target`` against every candidate planned out: with free tasks it keeps
+    the most resident (the fewest bytes streamed), with dear ones the fewest tasks; between
+    them, the cheapest of the two costs added."""
+    from arrayjob.planner.pipeline import BLOCKS_PER_BUDGET, budget_block_target
+    from arrayjob.planner.plan import TARGET_BLOCK_BYTES
+
+    X = ArrayInfo("X", parse_uri(str(tmp_path / "X.zarr")), (3_000_000, 64), "float64", (100_000, 64), 3)
+    x, w = la.from_zarr(X), la.value("w", (64,))
+    graph = la.capture([la.sum(la.logaddexp(0.0, x @ w)), x.T @ la.sigmoid(x @ w)])
+    options = PlanOptions(cluster=ClusterShape(nodes=1, workers_per_node=2))
+    budget = 400 * 10**6
+
+    def planned(target: int, rates: StreamRates) -> tuple[int, int]:
+        import dataclasses
+
+        physical = make_plan(graph, dataclasses.replace(options, target_block_bytes=target)).physical
+        r = plan_residency(physical, 1, budget, repeats=10, rates=rates)
+        return r.streamed_bytes, len(physical.tasks)
+
+    candidates = {max(2**20, min(TARGET_BLOCK_BYTES, budget // k)) for k in BLOCKS_PER_BUDGET}
+    free_tasks = StreamRates(bucket_bytes_per_s=2e8, spill_bytes_per_s=1e9, spill_capacity=10**12)
+    dear_tasks = StreamRates(bucket_bytes_per_s=2e8, spill_bytes_per_s=1e12, spill_capacity=10**12, task_seconds=1.0)
+    for rates, key in ((free_tasks, lambda c: c[0]), (dear_tasks, lambda c: c[1])):
+        chosen = budget_block_target([(graph, 10)], options, budget, X.nbytes, repeats=10, rates=rates)
+        assert chosen in candidates
+        assert key(planned(chosen, rates)) == min(key(planned(t, rates)) for t in candidates)
+    assert budget_block_target([(graph, 10)], options, 10**10, X.nbytes, repeats=10, rates=free_tasks) == TARGET_BLOCK_BYTES

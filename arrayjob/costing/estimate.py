@@ -25,13 +25,12 @@ from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, physical_cost
 from arrayjob.planner.physical import PhysicalPlan, SourceBlock
-from arrayjob.planner.pipeline import make_plan
+from arrayjob.planner.pipeline import budget_block_target, make_plan
 from arrayjob.planner.placement import placed_tree_tasks
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import (
     Residency,
     StreamRates,
-    block_target,
     demotions,
     intermediate_peak,
     plan_residency,
@@ -256,7 +255,20 @@ def stream_rates(profile: MachineProfile) -> StreamRates:
     directory (half its free space may be spilled to)."""
     free = shutil.disk_usage(tempfile.gettempdir()).free
     return StreamRates(bucket_bytes_per_s=profile.storage_read_bytes_per_s,
-                       spill_bytes_per_s=profile.spill_read_bytes_per_s, spill_capacity=free // 2)
+                       spill_bytes_per_s=profile.spill_read_bytes_per_s, spill_capacity=free // 2,
+                       task_seconds=profile.task_overhead_seconds)
+
+
+def job_block_target(job: Any, options: PlanOptions, budget: int, *, repeats: int, rates: StreamRates) -> int:
+    """The target block size ``run`` and ``estimate`` tile ``job`` with under ``budget`` bytes
+    per node (``planner.pipeline.budget_block_target`` over the job's passes, each as often as
+    it runs in ``repeats`` iterations)."""
+    inputs = sum(info.nbytes for info in getattr(job, "arrays", {}).values())
+    if inputs <= budget:
+        return options.target_block_bytes
+    programs = [(capture(list(p.program.values())), p.runs.times(repeats))
+                for p in job.stages(options.cluster.workers).passes]
+    return budget_block_target(programs, options, budget, inputs, repeats=repeats, rates=rates)
 
 
 def budget_bytes(spec: Any, instance: Instance, store_bytes: int | None = None) -> int:
@@ -291,12 +303,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                            memory_bytes_per_s=profile.memory_bytes_per_s,
                            network_bytes_per_s=profile.network_bytes_per_s)
     budget = budget_bytes(spec, instance, store_bytes)
-    inputs = sum(info.nbytes for info in getattr(job, "arrays", {}).values())
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
                           placement=spec.planner.placement, cluster=cluster)
-    options = dataclasses.replace(options,
-                                  target_block_bytes=block_target(budget, inputs, options.target_block_bytes))
     assumed, source = job.iterations_assumed(iterations)
+    rates = rates or stream_rates(profile)
+    options = dataclasses.replace(options, target_block_bytes=job_block_target(job, options, budget,
+                                                                               repeats=assumed, rates=rates))
     declared = job.stages(cluster.workers)
     load = StageEstimate("load")
     # stored blocks are read in "load"; each pass is priced in the stage the job declares for it
@@ -309,7 +321,6 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
     peaks: dict[str, list[list[int]]] = {name: [] for name in by_stage}
-    rates = rates or stream_rates(profile)
     residencies: list[Residency] = []
     # kept in the store: (URI, block) -> (node, bytes), in the order admitted
     resident: dict[tuple[str, SourceBlock], tuple[int, int]] = {}
@@ -354,13 +365,17 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         if residency is not None and not residency.streams and not read_before:
             uses.clear()  # everything fits: read once in load, as before
         if fresh:  # stored blocks are read once, by one task each, then kept for the job
-            kept = [(block_homes[b], _block_bytes(physical, b)) for b in block_homes if key[b] in resident]
-            seconds["load"] += _read_seconds(kept, profile, cluster)
-            for b in block_homes:
-                if key[b] in resident:
-                    load.bytes_read += _block_bytes(physical, b)
-                    load.get_requests += _block_requests(physical, b)
-            load.tasks += sum(1 for b in block_homes if key[b] in resident)
+            # or written to their node's spill, if streamed from there (the runtime's load does)
+            spilled = {b for b in block_homes if residency is not None and residency.source == "spill"
+                       and b in residency.streamed}
+            first = [b for b in block_homes if key[b] in resident or b in spilled]
+            seconds["load"] += _read_seconds([(block_homes[b], _block_bytes(physical, b)) for b in first],
+                                             profile, cluster)
+            for b in first:
+                load.bytes_read += _block_bytes(physical, b)
+                load.get_requests += _block_requests(physical, b)
+            load.tasks += len(first)
+            read_before.update(key[b] for b in spilled)
             sources_seen.update(s.array.uri for s in fresh)
         run_seconds = _compute_seconds(cost, profile, cluster)
         if uses:

@@ -93,6 +93,10 @@ class BlockKernel:
     n_args: int
     steps: tuple[Step, ...]
     outputs: tuple[int, ...]  # slots returned, in order
+    # bytes of its largest input (the whole array) per worker and run: the workers choose
+    # compiled loops by the job's size, not the block's (a memory budget cuts the same job
+    # into finer blocks, and its loops pay as much as ever)
+    worker_bytes: int = 0
 
 
 Selection = tuple[tuple[int, int], ...]

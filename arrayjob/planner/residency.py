@@ -48,6 +48,7 @@ class StreamRates:
     bucket_bytes_per_s: float  # one node re-reading blocks from the input's storage
     spill_bytes_per_s: float  # one node reading back its own spill of blocks (local disk)
     spill_capacity: int = 0  # bytes a node may spill; 0: no spill, streamed blocks come from the bucket
+    task_seconds: float = 0.0  # one task's overhead on a worker: what finer blocks cost (``budget_block_target``)
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,9 @@ object array (PageRank's graph blocks: SciPy matrices) included.
 Memory budget (``planner.residency``): a ``load`` given a ``Residency`` that streams reads
 only the resident blocks into the object store. A streamed block (and, from then on, any
 block not resident) is read by the task that uses it, on its worker, from the node's own
-spill of it when the plan says so (written by its first read, a ``.npy`` file on local
-disk) or else from storage; it never enters the object store and is freed when its task
-ends. Tasks are submitted in the planner's order, so blocks are read while others compute.
+spill of it when the plan says so (a ``.npy`` file on local disk, written by the load, one
+task per block, and mapped read-only from the page cache by each use) or else from
+storage; it never enters the object store and is freed when its task ends. Tasks are submitted in the planner's order, so blocks are read while others compute.
 Each streaming task reports its reads in its record; the first read of a block from storage
 is a read, any later one a re-read (``RunMetrics.bytes_reread``). The spill is removed by
 ``close``.
@@ -204,6 +204,15 @@ def _run_streaming(fn: Any, num_outputs: int, options: StorageOptions, *args: An
     in_bytes = sum(_nbytes(a) for a in real)
     del real  # the streamed blocks are freed with the task
     return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), in_bytes, _attempt(), reads))
+
+
+@ray.remote(max_retries=TASK_RETRIES)
+def _write_spill(read: StreamedRead, options: StorageOptions) -> dict[str, Any]:
+    """Read a streamed block from storage into its node's spill (at load): its stats."""
+    _, stats = read.read(options)
+    stats["node"] = _this_node()
+    stats["attempt"] = _attempt()
+    return stats
 
 
 @ray.remote
@@ -466,6 +475,7 @@ class RayExecutor:
             for arg in task.args:
                 if isinstance(arg, SourceBlock):
                     first_use.setdefault(arg, task.node)
+        spilled: list[tuple[SourceBlock, int | None]] = []
         if residency is not None and residency.streams:
             self._streaming = True
             for ref in residency.streamed:
@@ -473,10 +483,29 @@ class RayExecutor:
                 name = f"{source.array.name}-{'.'.join(map(str, ref.index))}-{abs(hash(source)):x}.npy"
                 self._stream[(source, ref.index)] = os.path.join(self._spill_dir, name) \
                     if residency.source == "spill" else None
+            if residency.source == "spill":
+                spilled = [(ref, node) for ref, node in first_use.items() if ref in residency.streamed]
             first_use = {ref: node for ref, node in first_use.items() if ref in residency.resident}
         for ref, node in first_use.items():
             self._block(plan, ref, node)
+        self._spill(plan, spilled)
         self._collect_stats()
+
+    def _spill(self, plan: PhysicalPlan, blocks: list[tuple[SourceBlock, int | None]]) -> None:
+        """Read streamed blocks from storage into the spill of the node that uses them, now:
+        the load reads every block once (the resident ones into the object store), and the
+        iterations that follow bring every streamed block back from the spill alike."""
+        if not blocks:
+            return
+        waits = []
+        for ref, node in blocks:
+            source = plan.source(ref.array)
+            read = StreamedRead(source, ref.index, self._stream[(source, ref.index)])
+            waits.append((read, _write_spill.options(**self._options(node), name="spill block").remote(read, self.options)))
+        for (read, _), stats in zip(waits, self._get([w for _, w in waits]), strict=True):
+            self.metrics.fault("task_retry", stats.get("attempt", 0))
+            self._count_reads(plan, {(read.source.array.name, read.index): stats})
+        self.metrics.count_tasks(len(blocks))
 
     def _streamed(self, plan: PhysicalPlan, ref: SourceBlock) -> StreamedRead | None:
         """The read a task makes itself of ``ref``, if it is not held (under a budget)."""
