@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +168,31 @@ def test_sigkill_leaves_no_process_of_the_private_ray(tmp_path, edges, started):
     job.communicate(timeout=30)
     assert_gone(started, within=10)
 
+
+@pytest.mark.timeout(300)
+def test_sigkill_leaves_no_spill_of_streamed_blocks(tmp_path, started):
+    """A run streaming under a memory budget spills blocks to local disk; killed outright, the
+    watchdog of its private Ray removes the spill with its processes."""
+    done = subprocess.run([ARRAYJOB, "datagen", "logreg", str(tmp_path / "data"), "--rows", "200000", "--cols", "16",
+                           "--chunk-rows", "20000"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    spec = write_spec(tmp_path / "spec.toml", inputs={"X": str(tmp_path / "data" / "X.zarr"),
+                                                      "y": str(tmp_path / "data" / "y.zarr")},
+                      output=str(tmp_path / "out"), params="tol = 1e-300\nmax_iter = 1000000\n")
+    job = start(spec, started, "--set", "cluster.memory_budget=8MB")
+    root = Path(tempfile.gettempdir()) / "arrayjob-spill"
+    deadline = time.monotonic() + 180
+    while not (spill := [p for p in root.glob(f"{job.pid}-*/*/*") if p.is_file()]):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-2000:]
+        time.sleep(0.2)
+    started.update(descendants(job.pid))
+    job.kill()
+    job.communicate(timeout=30)
+    assert_gone(started, within=10)
+    deadline = time.monotonic() + 10
+    while list(root.glob(f"{job.pid}-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not list(root.glob(f"{job.pid}-*")), spill
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("process", ["gcs_server", "raylet"])

@@ -57,7 +57,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -81,6 +80,7 @@ from arrayjob.planner.physical import (
     TaskResult,
 )
 from arrayjob.planner.residency import Residency
+from arrayjob.runtime import reaper
 from arrayjob.runtime.executor import load_and_check
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.scaling import worker_ids
@@ -278,7 +278,10 @@ class RayExecutor:
         self._streaming = False
         self._stream: dict[BlockKey, str | None] = {}
         self._read_once: set[BlockKey] = set()  # streamed blocks read from storage at least once
-        self._spill_dir = os.path.join(tempfile.gettempdir(), "arrayjob-spill", uuid.uuid4().hex)
+        # a private Ray's: named by its owner token, so the watchdog removes it if this process
+        # is killed outright (``runtime.reaper``); a cluster's nodes keep theirs until ``close``
+        self._spill_dir = os.path.join(reaper.spill_directory(os.environ.get(reaper.OWNER_VARIABLE, "")),
+                                       uuid.uuid4().hex)
         if node_ids:
             self.check_nodes()
 

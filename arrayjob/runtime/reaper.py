@@ -9,7 +9,7 @@ itself, which overwrites the environment block ``/proc`` shows: Ray's agents and
 do), and each holds files open in the Ray's session directory, which the driver writes to
 the watchdog's ``stdin`` once Ray is up. The end of that pipe comes when the driver closes
 it after ``ray.shutdown()`` or when the driver dies, however it dies; then the watchdog
-stops every process of that Ray, and exits.
+stops every process of that Ray, removes the job's spill of streamed blocks, and exits.
 
 Run as a script (``python reaper.py TOKEN``, session directories one a line on stdin): the standard library only, so it
 costs a bare interpreter, and it never imports arrayjob or Ray.
@@ -18,9 +18,11 @@ costs a bare interpreter, and it never imports arrayjob or Ray.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 OWNER_VARIABLE = "ARRAYJOB_RAY_OWNER"
@@ -101,12 +103,20 @@ def stop(token: str, sessions: list[str], grace: float = 2.0) -> int:
     return len(stopped)
 
 
+def spill_directory(token: str) -> str:
+    """Where the jobs of ``token`` (a private Ray; "" for any other) spill streamed blocks on
+    this machine, each executor in a directory of its own below it (``runtime.ray_executor``)."""
+    return os.path.join(tempfile.gettempdir(), "arrayjob-spill", token)
+
+
 def main(argv: list[str]) -> int:
     (token,) = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # outlive the driver's interruption, then clean up
     sessions = [line.decode(errors="replace").strip() for line in sys.stdin.buffer]  # until the pipe ends
     if sys.platform.startswith("linux"):
         stop(token, [s for s in sessions if s])
+    if token:
+        shutil.rmtree(spill_directory(token), ignore_errors=True)  # its workers are gone: nothing writes there
     return 0
 
 
