@@ -13,7 +13,7 @@ import zarr
 import arrayjob.lazy as la
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import ArrayInfo, Location, StorageOptions, parse_uri
-from arrayjob.planner.cost import physical_cost
+from arrayjob.planner.cost import physical_cost, work_seconds
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.physical import (
     BlockGrid,
@@ -321,10 +321,13 @@ def _shared_input_program(tmp_path: Path, tasks: int) -> list[la.BlockArray]:
 
 
 def _seconds(cost, shape: ClusterShape) -> float:  # type: ignore[no-untyped-def]
-    """The time ``lshs`` compares placements by (``_Placer.seconds``), from a plan's cost."""
-    busiest = max(sum(touched for node, touched, _ in cost.task_work if node == n) for n in range(shape.nodes))
-    return (busiest / (shape.workers_per_node * shape.memory_bytes_per_s)
-            + cost.bytes_between_nodes / (shape.nodes * shape.network_bytes_per_s))
+    """The time ``lshs`` compares placements by (``_Placer.seconds``), from a plan's cost:
+    each task on its node's worker free soonest, then the bytes moved."""
+    workers = [[0.0] * shape.workers_per_node for _ in range(shape.nodes)]
+    for node, touched, work in cost.task_work:
+        free = workers[node]
+        free[free.index(min(free))] += touched / shape.memory_bytes_per_s + work_seconds(work, shape.work_rates)
+    return max(map(max, workers)) + cost.bytes_between_nodes / (shape.nodes * shape.network_bytes_per_s)
 
 
 @pytest.mark.parametrize("nodes", [4, 8])

@@ -67,6 +67,12 @@ def lshs(plan: Plan) -> Plan:
     for small ones (at most ceil(log2 k) hops from any partial to the result, over k
     nodes, and fewer tasks when the partials are small).
 
+    A second placement puts the tasks free to go anywhere at their earliest finish (HEFT),
+    and the one the estimate's measure says is sooner is kept. Time is priced as
+    ``costing.estimate`` prices it, at the rates on ``ClusterShape``: each task's bytes
+    touched and its work by kind (``cost.WORK_KINDS``) on its node's worker free soonest,
+    and the bytes moved over every node's network.
+
     Cost: O(tasks x nodes x arguments) to plan; plans are cached by structure.
     """
     assert plan.physical is not None
@@ -161,9 +167,15 @@ class _Placer:
         self.block_budget = block_budget
         self.nodes = nodes
         self.load = ClusterLoad(physical, nodes)
-        # one worker's seconds of the tasks placed on each node: the bytes they touch at the
-        # memory rate and their compute, each kind of work at its rate (as the estimate prices them)
+        # the tasks placed on each node, scheduled as ``costing.estimate`` schedules them: each
+        # on the worker free soonest, for the bytes it touches at the memory rate and its
+        # compute, each kind of work at its rate. Per node: every worker's seconds, their sum,
+        # the soonest a worker is free and when the last one is done.
+        workers = self.shape.workers_per_node
+        self.workers = [[0.0] * workers for _ in range(nodes)]
         self.busy = [0.0] * nodes
+        self.free = [0.0] * nodes
+        self.end = [0.0] * nodes
         self.sources = {s.array.name: s for s in physical.sources}
         self.shapes = {TaskResult(t.id, p): s for t in physical.tasks for p, s in enumerate(t.out_shapes)}
         self.grids = {s.array.name: node_grid(s.grid.grid_shape, nodes) for s in physical.sources}
@@ -212,13 +224,20 @@ class _Placer:
         return worst, trial.moved, self.busy[trial.node], trial.node
 
     def finish(self, trial: Trial, compute: float) -> tuple[float, int, int]:
-        """When the node would be done: its tasks' time (bytes touched and ``compute``, the
-        task's work by kind, shared by its workers) and the bytes it received, each at its
-        rate (earliest finish time, as in HEFT)."""
-        shape = self.shape
-        busy = self.busy[trial.node] + trial.touched / shape.memory_bytes_per_s + compute
-        seconds = busy / shape.workers_per_node + trial.net_in / shape.network_bytes_per_s
-        return seconds, trial.moved, trial.node
+        """When the task would be done there (earliest finish time, as in HEFT): on the
+        node's worker free soonest, for the bytes it touches and ``compute`` (its work by
+        kind), after the bytes the node has received, at its network's rate."""
+        node = trial.node
+        done = self.free[node] + trial.touched / self.shape.memory_bytes_per_s + compute
+        return done + trial.net_in / self.shape.network_bytes_per_s, trial.moved, node
+
+    def schedule(self, node: int, seconds: float) -> None:
+        workers = self.workers[node]
+        i = min(range(len(workers)), key=workers.__getitem__)
+        workers[i] += seconds
+        self.busy[node] += seconds
+        self.free[node] = min(workers)
+        self.end[node] = max(self.end[node], workers[i])
 
     def compute_seconds(self, task: Task) -> float:
         """One worker's time for ``task``'s work, each kind at its rate (``cost.task_work``)."""
@@ -235,7 +254,7 @@ class _Placer:
         node = trial.node
         placed = dataclasses.replace(task, node=node)
         self.load.run(placed, node)
-        self.busy[node] += trial.touched / self.shape.memory_bytes_per_s + compute
+        self.schedule(node, trial.touched / self.shape.memory_bytes_per_s + compute)
         self.shapes.update((TaskResult(task.id, p), s) for p, s in enumerate(task.out_shapes))
         self.placed.append(placed)
         self.done.add(task.id)
@@ -275,11 +294,10 @@ class _Placer:
             combine_tree(per_node, across, fan_in)
 
     def seconds(self) -> float:
-        """The placement's time as ``costing.estimate`` counts it: the busiest node's tasks
-        (bytes touched and compute by kind, each at its rate) over its workers, and the bytes
-        moved over every node's network (the whole plan's, so two placements of it compare)."""
-        shape = self.shape
-        return max(self.busy) / shape.workers_per_node + self.load.moved / (self.nodes * shape.network_bytes_per_s)
+        """The placement's time as ``costing.estimate`` counts it: the last worker done (its
+        tasks' bytes touched and compute by kind, each at its rate), and the bytes moved over
+        every node's network (the whole plan's, so two placements of it compare)."""
+        return max(self.end) + self.load.moved / (self.nodes * self.shape.network_bytes_per_s)
 
     def fresh_id(self, base: str) -> str:
         task_id, k = base, 0
