@@ -376,6 +376,7 @@ def work_seconds(work: Mapping[str, float], rates: WorkRates) -> float:
 
 
 def block_shape(source: Source, ref: SourceBlock) -> tuple[int, ...]:
+    """The shape of block ``ref`` of ``source`` (edge blocks are smaller)."""
     return tuple(s.stop - s.start for s in source.grid.selection(ref.index))
 
 
