@@ -215,8 +215,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             stack.callback(executor.close)  # its spill of streamed blocks, if any
             budget = memory_budget(spec, job, cluster, profile)
             # placement weighs compute against traffic at the rates the estimate priced with
-            shape = dataclasses.replace(cluster_shape(cluster), memory_bytes_per_s=profile.memory_bytes_per_s,
-                                        network_bytes_per_s=profile.network_bytes_per_s)
+            shape = dataclasses.replace(cluster_shape(cluster), **profile.placement_rates())
             session = Session(executor, plan_options(spec, shape, job, budget), budget=budget)
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
             result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints))

@@ -86,8 +86,8 @@ def test_kept_blocks_move_once_to_a_node_added_mid_job(outcome):
     assert peak[kept["changed"]] > 2 * n  # it holds a block of the graph (16 bytes an edge), not just vectors
     joined = next(e["seconds"] for e in report["nodes"]["events"] if e["node"] == kept["changed"] and e["kind"] == "join")
     totals = [t["network_bytes"] for t in report["timeline"]]
-    moved = [b - a for a, b in zip(totals, totals[1:])]
-    after = [m for t, m in zip(report["timeline"][1:], moved) if t["seconds"] > joined]
+    moved = [b - a for a, b in zip(totals, totals[1:], strict=False)]
+    after = [m for t, m in zip(report["timeline"][1:], moved, strict=True) if t["seconds"] > joined]
     vector = 8 * n  # the rank vector, sent to each node but the one that has it
     assert len(after) > 10 and after[0] > len(nodes) * vector  # the first run after the join moves graph blocks
     assert all(m <= (len(nodes) - 1) * vector + 4096 for m in after[2:])  # later runs move only the vector

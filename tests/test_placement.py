@@ -13,7 +13,8 @@ import zarr
 import arrayjob.lazy as la
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import ArrayInfo, Location, StorageOptions, parse_uri
-from arrayjob.planner.cost import physical_cost
+from arrayjob.planner.cost import physical_cost, work_seconds
+from arrayjob.planner.ir import Graph
 from arrayjob.planner.physical import (
     BlockGrid,
     Combine,
@@ -26,8 +27,8 @@ from arrayjob.planner.physical import (
     TaskResult,
 )
 from arrayjob.planner.pipeline import make_plan, strategies
-from arrayjob.planner.placement import cyclic_node, node_grid
-from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions
+from arrayjob.planner.placement import cyclic_node, lshs, node_grid
+from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, WorkRates
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
 from tests.helpers import write_array
@@ -320,10 +321,13 @@ def _shared_input_program(tmp_path: Path, tasks: int) -> list[la.BlockArray]:
 
 
 def _seconds(cost, shape: ClusterShape) -> float:  # type: ignore[no-untyped-def]
-    """The time ``lshs`` compares placements by (``_Placer.seconds``), from a plan's cost."""
-    busiest = max(sum(touched for node, touched, _ in cost.task_work if node == n) for n in range(shape.nodes))
-    return (busiest / (shape.workers_per_node * shape.memory_bytes_per_s)
-            + cost.bytes_between_nodes / (shape.nodes * shape.network_bytes_per_s))
+    """The time ``lshs`` compares placements by (``_Placer.seconds``), from a plan's cost:
+    each task on its node's worker free soonest, then the bytes moved."""
+    workers = [[0.0] * shape.workers_per_node for _ in range(shape.nodes)]
+    for node, touched, work in cost.task_work:
+        free = workers[node]
+        free[free.index(min(free))] += touched / shape.memory_bytes_per_s + work_seconds(work, shape.work_rates)
+    return max(map(max, workers)) + cost.bytes_between_nodes / (shape.nodes * shape.network_bytes_per_s)
 
 
 @pytest.mark.parametrize("nodes", [4, 8])
@@ -351,3 +355,39 @@ def test_tasks_sharing_one_big_input_are_spread_when_that_is_sooner(tmp_path: Pa
     one_node = tasks * x_bytes / (shape.workers_per_node * shape.memory_bytes_per_s)
     assert _seconds(lshs, shape) < one_node
     assert lshs.bytes_between_nodes < (nodes - 1) * x_bytes or len(used) == nodes
+
+
+def _factor_cost(shapes: object) -> dict[str, float]:  # a factorisation: 1e10 flops on 80 kB
+    return {"qr_flops": 1e10}
+
+
+def _solve_cost(shapes: object) -> dict[str, float]:
+    return {"qr_flops": 1e9}
+
+
+def test_compute_by_kind_decides_where_bytes_are_even() -> None:
+    """Two nodes whose blocks and results are the same size: ``factor`` on node 0's block
+    is 1.8 s of QR, ``scale`` on node 1's 10,000 elements. ``finish`` takes a result from
+    each, so either node fetches 8 bytes and touches as many bytes: by bytes alone the
+    nodes are even and it goes to node 0, behind the QR; priced by kind, to node 1."""
+    info = ArrayInfo("A", Location("file", "/nowhere/A.zarr"), (2000, 10), "float64", (1000, 10), 3)
+    A = Source(info, BlockGrid((2000, 10), (1000, 10)))
+    tasks = (
+        Task("factor", Kernel("factor", Combine("sum"), cost=_factor_cost), (SourceBlock("A", (0, 0)),),
+             out_shapes=((1,),), out_bytes=(8,)),
+        Task("scale", Kernel("scale", Combine("sum")), (SourceBlock("A", (1, 0)),), out_shapes=((1,),), out_bytes=(8,)),
+        Task("finish", Kernel("finish", Combine("sum"), cost=_solve_cost), (TaskResult("factor"), TaskResult("scale")),
+             out_shapes=((1,),), out_bytes=(8,)),
+    )
+    physical = PhysicalPlan((A,), tasks, (TaskResult("finish"),))
+
+    def node_of_finish(shape: ClusterShape) -> int:
+        plan = lshs(Plan(Graph((), ()), PlanOptions(cluster=shape), physical=physical))
+        nodes = {t.id: t.node for t in plan.physical.tasks}
+        assert (nodes["factor"], nodes["scale"]) == (0, 1)  # their blocks' cyclic nodes
+        return nodes["finish"]
+
+    shape = ClusterShape(nodes=2, workers_per_node=1)
+    assert node_of_finish(shape) == 1
+    # the rates come from the cluster's shape: with QR nearly free, node 0 is the less busy
+    assert node_of_finish(ClusterShape(nodes=2, workers_per_node=1, work_rates=WorkRates({"qr_flops": 1e30}))) == 0

@@ -299,9 +299,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
 
     Raises ``BudgetError`` when a block cannot fit the budget even streamed."""
     cluster = ClusterShape(nodes=nodes, workers_per_node=max(1, instance.vcpus),
-                           memory_per_node=int(instance.memory_gib * 2**30),
-                           memory_bytes_per_s=profile.memory_bytes_per_s,
-                           network_bytes_per_s=profile.network_bytes_per_s)
+                           memory_per_node=int(instance.memory_gib * 2**30), **profile.placement_rates())
     budget = budget_bytes(spec, instance, store_bytes)
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
                           placement=spec.planner.placement, cluster=cluster)

@@ -10,8 +10,12 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from arrayjob.errors import SpecError
+from arrayjob.planner.cost import WORK_KINDS
+from arrayjob.planner.plan import SHIPPED_FLOPS_PER_S, WorkRates
+from arrayjob.planner.plan import SHIPPED_WORK_RATES as _SHIPPED
 
 DEFAULT_PATH = Path(".arrayjob/profile.json")
 
@@ -31,18 +35,31 @@ class MachineProfile:
     warmup_seconds: float = 0.6  # the first tasks on a fresh cluster (worker processes start)
     run_overhead_seconds: float = 0.02  # the driver's part of one program run (submit, fetch, account)
     # one core, by kind of work (planner.cost.WORK_KINDS); defaults measured on the shipped VM
-    elementwise_per_s: float = 1.2e9  # elements through one numexpr operation (a * b), in cache
-    transcendental_per_s: float = 1.3e8  # elements through exp / log1p
-    contraction_bytes_per_s: float = 1.4e10  # operand bytes of matrix × vector (BLAS gemv)
-    contraction_flops_per_s: float = 5e10  # tall-skinny products (XᵀX, 64 columns)
-    einsum_flops_per_s: float = 6e9  # three-operand contractions (MTTKRP's three modes)
-    qr_flops_per_s: float = 5.5e9  # jobs.tsqr.qr_block on a 65,536 × 64 block
-    triangular_solve_flops_per_s: float = 1.2e10  # jobs.tsqr.solve_block (trsm) on a 131,072 × 64 block
-    edge_split_per_s: float = 2.3e7  # edges per second, jobs.pagerank.SplitByTarget on 2^21 edges
-    edge_build_per_s: float = 2.9e7  # edges per second, jobs.pagerank.BuildBlock of 2^23 edges
-    sparse_product_per_s: float = 6e8  # nonzeros per second of a CSR matrix × vector (512K nodes)
-    sparse_product_large_per_s: float = 8.4e7  # the same gathering from a 32 MiB vector (4M nodes)
-    result_bytes_per_s: float = 9e8  # a task's fresh 128 MiB result into the object store
+    # (planner.plan.SHIPPED_WORK_RATES, which placement uses without a profile)
+    # elements through one numexpr operation (a * b), in cache
+    elementwise_per_s: float = _SHIPPED["elementwise"]
+    # elements through exp / log1p
+    transcendental_per_s: float = _SHIPPED["transcendental"]
+    # operand bytes of matrix × vector (BLAS gemv)
+    contraction_bytes_per_s: float = _SHIPPED["contraction_bytes"]
+    # tall-skinny products (XᵀX, 64 columns)
+    contraction_flops_per_s: float = _SHIPPED["contraction_flops"]
+    # three-operand contractions (MTTKRP's three modes)
+    einsum_flops_per_s: float = _SHIPPED["einsum_flops"]
+    # jobs.tsqr.qr_block on a 65,536 × 64 block
+    qr_flops_per_s: float = _SHIPPED["qr_flops"]
+    # jobs.tsqr.solve_block (trsm) on a 131,072 × 64 block
+    triangular_solve_flops_per_s: float = _SHIPPED["triangular_solve_flops"]
+    # edges per second, jobs.pagerank.SplitByTarget on 2^21 edges
+    edge_split_per_s: float = _SHIPPED["edge_split"]
+    # edges per second, jobs.pagerank.BuildBlock of 2^23 edges
+    edge_build_per_s: float = _SHIPPED["edge_build"]
+    # nonzeros per second of a CSR matrix × vector (512K nodes)
+    sparse_product_per_s: float = _SHIPPED["sparse_product"]
+    # the same gathering from a 32 MiB vector (4M nodes)
+    sparse_product_large_per_s: float = _SHIPPED["sparse_product_large"]
+    # a task's fresh 128 MiB result into the object store
+    result_bytes_per_s: float = _SHIPPED["result_bytes"]
     # one node's workers reading back blocks they spilled to local disk (.npy, as the runtime
     # streams them under a memory budget); against storage_read_bytes_per_s it decides where a
     # streamed block comes back from. The spill is mapped from the page cache, not copied:
@@ -57,6 +74,12 @@ class MachineProfile:
         field named for its unit (``contraction_bytes`` -> ``contraction_bytes_per_s``)."""
         return float(getattr(self, f"{kind}_per_s", self.flops_per_s))
 
+    def placement_rates(self) -> dict[str, Any]:
+        """This profile's rates as ``planner.plan.ClusterShape`` carries them, so placement
+        weighs compute against traffic at the rates the estimate prices with."""
+        return {"memory_bytes_per_s": self.memory_bytes_per_s, "network_bytes_per_s": self.network_bytes_per_s,
+                "work_rates": WorkRates({kind: self.rate(kind) for kind in WORK_KINDS}, default=self.flops_per_s)}
+
     @property
     def calibrated(self) -> bool:
         """Measured here by ``arrayjob calibrate``, not the shipped default."""
@@ -69,7 +92,7 @@ class MachineProfile:
 SHIPPED = MachineProfile(
     name="shipped default (2-core 24 GiB VM, loopback S3)",
     memory_bytes_per_s=8e9,
-    flops_per_s=2e10,
+    flops_per_s=SHIPPED_FLOPS_PER_S,
     storage_read_bytes_per_s=4e8,
     storage_write_bytes_per_s=2e8,
     request_seconds=0.004,

@@ -42,11 +42,12 @@ from arrayjob.planner.physical import (
     DriverValue,
     Kernel,
     PhysicalPlan,
+    Source,
     SourceBlock,
     Task,
     TaskResult,
 )
-from arrayjob.planner.plan import Plan
+from arrayjob.planner.plan import Plan, WorkRates
 from arrayjob.units import size
 
 
@@ -359,6 +360,26 @@ def kernel_work(kernel: object, in_shapes: list[tuple[int, ...]]) -> Counter[str
     return work
 
 
+def task_work(task: Task, in_shapes: list[tuple[int, ...]]) -> Counter[str]:
+    """The work of ``task`` on arguments of ``in_shapes``, by kind: its kernel's, and its
+    results written into the object store."""
+    work = kernel_work(task.kernel, in_shapes)
+    stored = sum(b for b in task.out_bytes if b >= INLINE_RESULT_BYTES)
+    if stored:
+        work["result_bytes"] += stored
+    return work
+
+
+def work_seconds(work: Mapping[str, float], rates: WorkRates) -> float:
+    """One core's time for ``work``, each kind at its rate (as ``costing.estimate`` prices it)."""
+    return sum(amount / rates.rate(kind) for kind, amount in work.items())
+
+
+def block_shape(source: Source, ref: SourceBlock) -> tuple[int, ...]:
+    """The shape of block ``ref`` of ``source`` (edge blocks are smaller)."""
+    return tuple(s.stop - s.start for s in source.grid.selection(ref.index))
+
+
 def flops_of(work: Mapping[str, float]) -> float:
     """Arithmetic operations in ``work`` (the table's FLOPs line): every kind but bytes."""
     return sum(v for k, v in work.items() if k != "contraction_bytes")
@@ -404,7 +425,7 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
             if isinstance(arg, SourceBlock):
                 source = sources[arg.array]
                 sel = source.grid.selection(arg.index)
-                in_shapes.append(tuple(s.stop - s.start for s in sel))
+                in_shapes.append(block_shape(source, arg))
                 if arg not in load.home:  # read once, where it is first used
                     bytes_read += load.block_bytes(arg)
                     requests += math.prod(math.ceil(s.stop / c) - s.start // c
@@ -418,14 +439,11 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
                 in_shapes.append(arg.shape)
         for p in range(task.num_outputs):
             shape_of[TaskResult(task.id, p)] = task.out_shapes[p] if task.out_shapes else ()
-        task_work = kernel_work(task.kernel, in_shapes)
-        stored = sum(b for b in task.out_bytes if b >= INLINE_RESULT_BYTES)
-        if stored:
-            task_work["result_bytes"] += stored
-        work.update(task_work)
+        kinds = task_work(task, in_shapes)
+        work.update(kinds)
         before = load.work[node]
         load.run(task, node)
-        per_task.append((node, load.work[node] - before, dict(task_work)))
+        per_task.append((node, load.work[node] - before, dict(kinds)))
     return PlanCost(
         bytes_read=bytes_read, get_requests=requests, bytes_written=0, bytes_between_nodes=load.moved,
         bytes_touched=sum(load.work), peak_bytes_per_node=tuple(load.peak), flops=int(flops_of(work)),

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from arrayjob.planner.cost import ClusterLoad, Trial
+from arrayjob.planner.cost import ClusterLoad, Trial, block_shape, task_work, work_seconds
 from arrayjob.planner.physical import (
     Arg,
     CachedBlock,
@@ -66,6 +66,12 @@ def lshs(plan: Plan) -> Plan:
     combine's inputs within one block budget: pairwise for big partials, up to ``FAN_IN``
     for small ones (at most ceil(log2 k) hops from any partial to the result, over k
     nodes, and fewer tasks when the partials are small).
+
+    A second placement puts the tasks free to go anywhere at their earliest finish (HEFT),
+    and the one the estimate's measure says is sooner is kept. Time is priced as
+    ``costing.estimate`` prices it, at the rates on ``ClusterShape``: each task's bytes
+    touched and its work by kind (``cost.WORK_KINDS``) on its node's worker free soonest,
+    and the bytes moved over every node's network.
 
     Cost: O(tasks x nodes x arguments) to plan; plans are cached by structure.
     """
@@ -161,6 +167,17 @@ class _Placer:
         self.block_budget = block_budget
         self.nodes = nodes
         self.load = ClusterLoad(physical, nodes)
+        # the tasks placed on each node, scheduled as ``costing.estimate`` schedules them: each
+        # on the worker free soonest, for the bytes it touches at the memory rate and its
+        # compute, each kind of work at its rate. Per node: every worker's seconds, their sum,
+        # the soonest a worker is free and when the last one is done.
+        workers = self.shape.workers_per_node
+        self.workers = [[0.0] * workers for _ in range(nodes)]
+        self.busy = [0.0] * nodes
+        self.free = [0.0] * nodes
+        self.end = [0.0] * nodes
+        self.sources = {s.array.name: s for s in physical.sources}
+        self.shapes = {TaskResult(t.id, p): s for t in physical.tasks for p, s in enumerate(t.out_shapes)}
         self.grids = {s.array.name: node_grid(s.grid.grid_shape, nodes) for s in physical.sources}
         self.trees = _reduction_trees(physical)
         self.ids = {t.id for t in physical.tasks}
@@ -200,25 +217,45 @@ class _Placer:
         assert isinstance(block, CachedBlock)
         return block.position % self.nodes  # kept blocks are numbered in row-major block order
 
-    def score(self, trial: Trial) -> tuple[float, int, int, int]:
+    def score(self, trial: Trial) -> tuple[float, int, float, int]:
         load = self.load
         out = max((load.net_out[h] + b for h, b in trial.sent), default=0)
         worst = max(load.max_peak, trial.peak) + max(load.max_in, trial.net_in) + max(load.max_out, out)
-        return worst, trial.moved, load.work[trial.node], trial.node
+        return worst, trial.moved, self.busy[trial.node], trial.node
 
-    def finish(self, trial: Trial) -> tuple[float, int, int]:
-        """When the node would be done: its work (bytes touched, shared by its workers) and
-        the bytes it received, each at its rate (earliest finish time, as in HEFT)."""
-        load, shape = self.load, self.shape
-        seconds = ((load.work[trial.node] + trial.touched) / (shape.workers_per_node * shape.memory_bytes_per_s)
-                   + trial.net_in / shape.network_bytes_per_s)
-        return seconds, trial.moved, trial.node
+    def finish(self, trial: Trial, compute: float) -> tuple[float, int, int]:
+        """When the task would be done there (earliest finish time, as in HEFT): on the
+        node's worker free soonest, for the bytes it touches and ``compute`` (its work by
+        kind), after the bytes the node has received, at its network's rate."""
+        node = trial.node
+        done = self.free[node] + trial.touched / self.shape.memory_bytes_per_s + compute
+        return done + trial.net_in / self.shape.network_bytes_per_s, trial.moved, node
+
+    def schedule(self, node: int, seconds: float) -> None:
+        workers = self.workers[node]
+        i = min(range(len(workers)), key=workers.__getitem__)
+        workers[i] += seconds
+        self.busy[node] += seconds
+        self.free[node] = min(workers)
+        self.end[node] = max(self.end[node], workers[i])
+
+    def compute_seconds(self, task: Task) -> float:
+        """One worker's time for ``task``'s work, each kind at its rate (``cost.task_work``)."""
+        shapes = [block_shape(self.sources[a.array], a) if isinstance(a, SourceBlock)
+                  else self.shapes.get(a, ()) if isinstance(a, TaskResult) else a.shape
+                  for a in task.args]
+        return work_seconds(task_work(task, shapes), self.shape.work_rates)
 
     def place(self, task: Task, candidates: Iterable[int]) -> TaskResult:
         free = self.balance and isinstance(candidates, range) and len(candidates) == self.nodes
-        node = min(self.load.trials(task, candidates), key=self.finish if free else self.score).node
+        compute = self.compute_seconds(task)
+        trials = self.load.trials(task, candidates)
+        trial = min(trials, key=lambda t: self.finish(t, compute)) if free else min(trials, key=self.score)
+        node = trial.node
         placed = dataclasses.replace(task, node=node)
         self.load.run(placed, node)
+        self.schedule(node, trial.touched / self.shape.memory_bytes_per_s + compute)
+        self.shapes.update((TaskResult(task.id, p), s) for p, s in enumerate(task.out_shapes))
         self.placed.append(placed)
         self.done.add(task.id)
         return TaskResult(task.id)
@@ -257,12 +294,10 @@ class _Placer:
             combine_tree(per_node, across, fan_in)
 
     def seconds(self) -> float:
-        """The placement's time as ``costing.estimate`` counts it, from bytes alone: the
-        busiest node's work over its workers, and the bytes moved over every node's network
-        (the whole plan's, so two placements of it compare)."""
-        load, shape = self.load, self.shape
-        return (max(load.work) / (shape.workers_per_node * shape.memory_bytes_per_s)
-                + load.moved / (self.nodes * shape.network_bytes_per_s))
+        """The placement's time as ``costing.estimate`` counts it: the last worker done (its
+        tasks' bytes touched and compute by kind, each at its rate), and the bytes moved over
+        every node's network (the whole plan's, so two placements of it compare)."""
+        return max(self.end) + self.load.moved / (self.nodes * self.shape.network_bytes_per_s)
 
     def fresh_id(self, base: str) -> str:
         task_id, k = base, 0

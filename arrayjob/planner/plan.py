@@ -8,6 +8,7 @@ its cost. Frozen dataclasses: a pass returns a new plan.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,61 @@ from arrayjob.planner.ir import Graph
 from arrayjob.planner.physical import BlockGrid, PhysicalPlan
 
 GiB = 2**30
+
+# One core's rate of each kind of work (``cost.WORK_KINDS``), per second, as measured on the
+# VM the shipped machine profile comes from (``costing.profile`` takes its defaults from
+# here), and the GEMM rate that prices a kind without its own.
+SHIPPED_WORK_RATES: Mapping[str, float] = {
+    "elementwise": 1.2e9,
+    "transcendental": 1.3e8,
+    "contraction_bytes": 1.4e10,
+    "contraction_flops": 5e10,
+    "einsum_flops": 6e9,
+    "qr_flops": 5.5e9,
+    "triangular_solve_flops": 1.2e10,
+    "edge_split": 2.3e7,
+    "edge_build": 2.9e7,
+    "sparse_product": 6e8,
+    "sparse_product_large": 8.4e7,
+    "result_bytes": 9e8,
+}
+SHIPPED_FLOPS_PER_S = 2e10
+
+
+class WorkRates(Mapping[str, float]):
+    """Work per second of one core, by kind (``cost.WORK_KINDS``), and ``default`` for a kind
+    not listed. Frozen and hashable: it is part of the options plans are cached by.
+
+    >>> WorkRates({"qr_flops": 5.5e9}, default=2e10).rate("einsum_flops")
+    20000000000.0
+    """
+
+    __slots__ = ("_rates", "default")
+
+    def __init__(self, rates: Mapping[str, float] = SHIPPED_WORK_RATES, default: float = SHIPPED_FLOPS_PER_S) -> None:
+        self._rates = {kind: float(rate) for kind, rate in rates.items()}
+        self.default = float(default)
+
+    def rate(self, kind: str) -> float:
+        return self._rates.get(kind, self.default)
+
+    def __getitem__(self, kind: str) -> float:
+        return self._rates[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rates)
+
+    def __len__(self) -> int:
+        return len(self._rates)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WorkRates) and (self._rates, self.default) == (other._rates, other.default)
+
+    def __hash__(self) -> int:
+        return hash((frozenset(self._rates.items()), self.default))
+
+    def __repr__(self) -> str:
+        return f"WorkRates({self._rates!r}, default={self.default!r})"
 
 
 @dataclass(frozen=True)
@@ -24,11 +80,13 @@ class ClusterShape:
     nodes: int = 1
     workers_per_node: int = 2
     memory_per_node: int = 16 * GiB
-    # what a byte costs in time, for placement to weigh compute against traffic: one worker
-    # streaming through memory, and one node's network (the shipped machine profile's
-    # rates; ``costing.estimate`` passes the profile it prices with)
+    # what work costs in time, for placement to weigh compute against traffic as the
+    # estimate does: one worker streaming through memory, one core's rate of each kind of
+    # work, and one node's network (the shipped machine profile's rates; ``costing.estimate``
+    # and ``runner`` pass the profile they price and run with: ``MachineProfile.placement_rates``)
     memory_bytes_per_s: float = 8e9
     network_bytes_per_s: float = 1e9
+    work_rates: WorkRates = WorkRates()
 
     @property
     def workers(self) -> int:
