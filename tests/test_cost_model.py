@@ -185,3 +185,14 @@ def test_graph_rates_time_the_kernels_pagerank_declares():
         declared |= set(work([(10, 2)]))
     assert {f"{kind}_per_s" for kind in declared - {"elementwise"}} == set(rates)
     assert all(np.isfinite(r) and r > 0 for r in rates.values())
+
+
+def test_moving_data_is_bounded_by_the_busiest_receiver():
+    """A gather into one node takes that node's link, however many nodes send; bytes spread
+    evenly go at the network's aggregate rate."""
+    from arrayjob.planner.cost import network_seconds
+
+    gb = 1e9
+    assert network_seconds(30 * gb, 30 * gb, 16, 1e9) == pytest.approx(30.0)  # 15 senders, one receiver
+    assert network_seconds(30 * gb, 30 * gb / 16, 16, 1e9) == pytest.approx(30 / 16)  # an even shuffle
+    assert network_seconds(0, 0, 1, 1e9) == 0.0

@@ -23,7 +23,7 @@ from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
-from arrayjob.planner.cost import BlockKey, physical_cost
+from arrayjob.planner.cost import BlockKey, network_seconds, physical_cost
 from arrayjob.planner.physical import PhysicalPlan, SourceBlock
 from arrayjob.planner.pipeline import budget_block_target, make_plan
 from arrayjob.planner.placement import placed_tree_tasks
@@ -312,6 +312,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     # stored blocks are read in "load"; each pass is priced in the stage the job declares for it
     by_stage = {"load": load}
     seconds = {"load": 0.0}
+    moving: dict[str, float] = {}  # seconds of moving data between nodes, by stage
     for p in declared.passes:
         if p.stage not in by_stage:
             by_stage[p.stage] = StageEstimate(p.stage, runs=0)
@@ -412,6 +413,8 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         if stage is not load:
             stage.runs += runs
         stage.bytes_between_nodes += runs * cost.bytes_between_nodes
+        moving[p.stage] = moving.get(p.stage, 0.0) + runs * network_seconds(
+            cost.bytes_between_nodes, cost.max_network_in_bytes, nodes, profile.network_bytes_per_s)
         stage.bytes_touched += runs * cost.bytes_touched
         stage.flops += runs * cost.flops
         stage.work.update({kind: runs * amount for kind, amount in cost.work.items()})
@@ -454,13 +457,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     write.wall_seconds = _seconds(write, profile, cluster)
     # every stage: its runs' tasks scheduled, plus moving data between nodes; load also its
     # block reads scheduled, requests and driver-side reads, and the first run's warm-up
-    network = profile.network_bytes_per_s * max(1, cluster.nodes)
     for name, stage in by_stage.items():
         stage.wall_seconds = seconds[name]
         if stage is load:
             stage.wall_seconds += load.get_requests * profile.request_seconds / (STORAGE_CONCURRENCY * cluster.nodes)
             stage.wall_seconds += profile.warmup_seconds + profile.run_overhead_seconds
-        stage.wall_seconds += stage.bytes_between_nodes / network
+        stage.wall_seconds += moving.get(name, 0.0)  # at the aggregate rate, or the busiest receiver's
         stage.peak_bytes_per_node = [max(q[i] for q in peaks[name]) for i in range(len(peaks[name][0]))] \
             if peaks[name] else []
     result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source,

@@ -224,6 +224,11 @@ class PlanCost:
         return max(self.peak_bytes_per_node, default=0)
 
     @property
+    def max_network_in_bytes(self) -> int:
+        """The most bytes any one node receives."""
+        return max(self.network_in_per_node, default=0)
+
+    @property
     def max_network_bytes(self) -> int:
         """The busiest node's traffic, in plus out: what bounds a network-bound stage."""
         return max((i + o for i, o in zip(self.network_in_per_node, self.network_out_per_node, strict=True)),
@@ -368,6 +373,15 @@ def task_work(task: Task, in_shapes: list[tuple[int, ...]]) -> Counter[str]:
     if stored:
         work["result_bytes"] += stored
     return work
+
+
+def network_seconds(moved: float, busiest: float, nodes: int, rate: float) -> float:
+    """Moving ``moved`` bytes between ``nodes`` nodes, ``busiest`` of them into one node: the
+    network's aggregate rate bounds it, and so does that node's own link (a 30 GB gather into
+    one node takes 30 s at 1 GB/s, however many nodes send). What one node sends is not
+    bounded so: Ray's receivers pull an object from any node holding a copy, so a block
+    wanted everywhere spreads as it arrives."""
+    return max(moved / (max(1, nodes) * rate), busiest / rate)
 
 
 def work_seconds(work: Mapping[str, float], rates: WorkRates) -> float:

@@ -12,7 +12,14 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from arrayjob.planner.cost import ClusterLoad, Trial, block_shape, task_work, work_seconds
+from arrayjob.planner.cost import (
+    ClusterLoad,
+    Trial,
+    block_shape,
+    network_seconds,
+    task_work,
+    work_seconds,
+)
 from arrayjob.planner.physical import (
     Arg,
     CachedBlock,
@@ -295,9 +302,12 @@ class _Placer:
 
     def seconds(self) -> float:
         """The placement's time as ``costing.estimate`` counts it: the last worker done (its
-        tasks' bytes touched and compute by kind, each at its rate), and the bytes moved over
-        every node's network (the whole plan's, so two placements of it compare)."""
-        return max(self.end) + self.load.moved / (self.nodes * self.shape.network_bytes_per_s)
+        tasks' bytes touched and compute by kind, each at its rate), and the bytes moved
+        (the whole plan's, so two placements of it compare), bounded by the network's aggregate
+        rate and by the busiest receiver's link (``cost.network_seconds``)."""
+        load = self.load
+        return max(self.end) + network_seconds(load.moved, load.max_in, self.nodes,
+                                               self.shape.network_bytes_per_s)
 
     def fresh_id(self, base: str) -> str:
         task_id, k = base, 0
