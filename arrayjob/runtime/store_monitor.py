@@ -8,7 +8,8 @@ prints). The job gets the highest use seen on each node, and the bytes Ray spill
 disk and restored from it while the job ran (Ray's own spilling, which happens behind the
 job's back when its stores overflow).
 
-A sampled peak can miss a spike shorter than the period. It counts everything in a store:
+A sampled peak can miss a spike shorter than the period (0.25 s, longer on a cluster so large
+that reading every node takes more than a tenth of that). It counts everything in a store:
 on a shared cluster, other jobs' objects too.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from arrayjob.runtime.metrics import ObjectStores
 
-PERIOD = 0.25  # seconds between readings: one small RPC per node (about 1 ms of the driver's CPU)
+PERIOD = 0.25  # seconds between readings at least: one small RPC per node (about 1 ms of the driver's CPU)
 NODES_EVERY = 2.0  # seconds between looks at which nodes are alive
 
 
@@ -57,8 +58,12 @@ class StoreMonitor:
         return self.reading
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period):
+        pause = self.period
+        while not self._stop.wait(pause):
+            began = time.monotonic()
             self.sample()
+            # a cluster of many nodes is read less often: the reading takes a tenth of the time at most
+            pause = max(self.period, 9 * (time.monotonic() - began))
 
     def sample(self) -> None:
         """One reading of every alive node; a node that does not answer is skipped this time."""
