@@ -391,3 +391,25 @@ def test_compute_by_kind_decides_where_bytes_are_even() -> None:
     assert node_of_finish(shape) == 1
     # the rates come from the cluster's shape: with QR nearly free, node 0 is the less busy
     assert node_of_finish(ClusterShape(nodes=2, workers_per_node=1, work_rates=WorkRates({"qr_flops": 1e30}))) == 0
+
+
+def test_a_free_task_leaves_the_node_that_ends_last() -> None:
+    """Placed in plan order, ``early`` (1e10 flops, free to go anywhere) goes to node 0, where
+    its argument is; ``late`` then reads node 0's block (its cyclic node) and does as much
+    again, so node 0 ends at twice a factorisation and node 1 idles. Neither placement looks
+    back; the relief pass moves ``early`` to node 1 and the plan ends after one."""
+    info = ArrayInfo("A", Location("file", "/nowhere/A.zarr"), (2000, 10), "float64", (1000, 10), 3)
+    A = Source(info, BlockGrid((2000, 10), (1000, 10)))
+    w = DriverValue("w", (2,), 16)
+    factor = Kernel("factor", Combine("sum"), cost=_factor_cost)
+    tasks = (
+        Task("early", factor, (w,), out_shapes=((1,),), out_bytes=(8,)),
+        Task("late", factor, (SourceBlock("A", (0, 0)), w), out_shapes=((1,),), out_bytes=(8,)),
+        Task("done", Kernel("done", Combine("sum")), (TaskResult("early"), TaskResult("late")),
+             out_shapes=((1,),), out_bytes=(8,)),
+    )
+    physical = PhysicalPlan((A,), tasks, (TaskResult("done"),))
+    shape = ClusterShape(nodes=2, workers_per_node=1)
+    plan = lshs(Plan(Graph((), ()), PlanOptions(cluster=shape), physical=physical))
+    nodes = {t.id: t.node for t in plan.physical.tasks}
+    assert nodes["late"] == 0 and nodes["early"] == 1
