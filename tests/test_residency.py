@@ -10,11 +10,27 @@ import numpy as np
 import pytest
 
 import arrayjob.lazy as la
-from arrayjob.io.locations import ArrayInfo, parse_uri
-from arrayjob.planner.physical import SourceBlock, TaskResult
+from arrayjob.io.locations import ArrayInfo, Location, parse_uri
+from arrayjob.planner.physical import (
+    BlockGrid,
+    Combine,
+    Kernel,
+    PhysicalPlan,
+    Source,
+    SourceBlock,
+    Task,
+    TaskResult,
+)
 from arrayjob.planner.pipeline import make_plan
 from arrayjob.planner.plan import ClusterShape, PlanOptions
-from arrayjob.planner.residency import BudgetError, StreamRates, belady, plan_residency
+from arrayjob.planner.residency import (
+    BudgetError,
+    StreamRates,
+    belady,
+    intermediate_peak,
+    plan_residency,
+    spilled_results,
+)
 
 
 def optimum(uses: list[int], capacity: int) -> int:
@@ -233,3 +249,43 @@ def test_the_budget_blocks_weigh_streamed_bytes_against_tasks(tmp_path) -> None:
         assert chosen in candidates
         assert key(planned(chosen, rates)) == min(key(planned(t, rates)) for t in candidates)
     assert budget_block_target([(graph, 10)], options, 10**10, X.nbytes, repeats=10, rates=free_tasks) == TARGET_BLOCK_BYTES
+
+
+# -- results that go to the spill ---------------------------------------------------------------
+
+
+def _shuffle(nodes: list[int], part: int = 100) -> PhysicalPlan:
+    """A shuffle as PageRank's build is: ``split`` i makes a part of ``part`` bytes from
+    stored block i; every ``build`` j takes all the parts; the builds' results are returned."""
+    k = len(nodes)
+    info = ArrayInfo("E", Location("file", "/nowhere/E.zarr"), (k * 10,), "float64", (10,), 3)
+    kernel = Kernel("k", Combine("sum"))
+    splits = [Task(f"split{i}", kernel, (SourceBlock("E", (i,)),), node=n, out_shapes=((part // 8,),),
+                   out_bytes=(part,)) for i, n in enumerate(nodes)]
+    builds = [Task(f"build{j}", kernel, tuple(TaskResult(f"split{i}") for i in range(k)), node=n,
+                   out_shapes=((1,),), out_bytes=(8,)) for j, n in enumerate(nodes)]
+    return PhysicalPlan((Source(info, BlockGrid((k * 10,), (10,))),), (*splits, *builds),
+                        tuple(TaskResult(b.id) for b in builds))
+
+
+def test_results_go_to_the_spill_until_the_rest_fit() -> None:
+    physical = _shuffle([0] * 6)  # six parts of 100 bytes, all held until the first build runs
+    assert intermediate_peak(physical, 1) == (600 + 6 * 8,)  # and the builds' results, returned
+    assert spilled_results(physical, 1, [10_000], min_bytes=0) == frozenset()  # everything fits: nothing spilled
+    for room in (250, 400, 0):
+        spilled = spilled_results(physical, 1, [room], min_bytes=0)
+        peak = intermediate_peak(physical, 1, spilled=spilled)
+        assert peak[0] <= room + 6 * 8, (room, spilled, peak)  # the builds' results stay in memory
+        assert len(spilled) == 6 - room // 100
+    # Belady: the parts the builds need last go first; they all are needed at the first build,
+    # so the choice falls on those made first (furthest from their next use is a tie)
+    assert all(isinstance(r, TaskResult) and r.task.startswith("split") for r in spilled_results(physical, 1, [250], min_bytes=0))
+
+
+def test_only_results_used_on_their_own_node_and_not_returned_go_to_the_spill() -> None:
+    spread = _shuffle([0, 1, 0, 1])  # every part is used by a build on each node: none can go
+    assert spilled_results(spread, 2, [0, 0], min_bytes=0) == frozenset()
+    alone = _shuffle([0, 0, 0])
+    spilled = spilled_results(alone, 1, [0], min_bytes=0)
+    assert {r.task for r in spilled} == {"split0", "split1", "split2"}  # never the returned builds
+    assert spilled_results(alone, 1, [0], min_bytes=101) == frozenset()  # too small to be worth a file

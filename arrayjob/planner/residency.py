@@ -30,9 +30,12 @@ from dataclasses import dataclass, field
 
 from arrayjob.errors import SpecError
 from arrayjob.planner.cost import ClusterLoad
-from arrayjob.planner.physical import PhysicalPlan, SourceBlock, TaskResult
+from arrayjob.planner.physical import CachedBlock, PhysicalPlan, SourceBlock, TaskResult
 from arrayjob.units import size
 
+# a smaller result costs more to write and map than its room is worth (the session also
+# spills none under a 16th of the budget)
+SPILL_RESULT_MIN_BYTES = 2**20
 SIMULATED_REPEATS = 3  # a cyclic schedule's decisions repeat from the second cycle on
 NEVER = math.inf
 
@@ -183,15 +186,72 @@ def eager_order(physical: PhysicalPlan, leaves: Sequence[int] | None = None) -> 
     return tuple(order)
 
 
-def intermediate_peak(physical: PhysicalPlan, nodes: int, order: Sequence[int] | None = None) -> tuple[int, ...]:
+def spilled_results(physical: PhysicalPlan, nodes: int, room: Sequence[int],
+                    order: Sequence[int] | None = None, min_bytes: int = SPILL_RESULT_MIN_BYTES,
+                    ) -> frozenset[TaskResult]:
+    """Task results to write to their node's spill (and read back in place by the tasks that
+    use them) so that the results held in memory on each node stay within ``room``: the tasks
+    run in ``order`` (default ``eager_order``); whenever a node's results pass its room, the
+    ones needed furthest ahead go to the spill (Belady's rule, as for input blocks), for
+    their whole life. Only results every user of which runs on the node that makes them
+    (a file is on one node's disk), that the program does not return, and of at least
+    ``min_bytes`` can go. PageRank's
+    build holds every edge chunk sorted by target block until the last block is built: twice
+    the budget at 40 % of the edges, which this keeps on disk."""
+    nodes = max(1, nodes)
+    tasks = physical.tasks
+    node_of = [(t.node if t.node is not None else i) % nodes for i, t in enumerate(tasks)]
+    index = {t.id: i for i, t in enumerate(tasks)}
+    steps = list(order if order is not None else eager_order(physical))
+    uses: dict[TaskResult, list[int]] = {}
+    for k, i in enumerate(steps):
+        for arg in dict.fromkeys(tasks[i].args):
+            if isinstance(arg, TaskResult):
+                uses.setdefault(arg, []).append(k)
+    returned = set(physical.outputs)
+    movable = {r for r, at in uses.items() if r not in returned
+               and tasks[index[r.task]].out_bytes[r.output] >= min_bytes
+               and all(node_of[steps[k]] == node_of[index[r.task]] for k in at)}
+    held: list[dict[TaskResult, int]] = [{} for _ in range(nodes)]
+    total = [0] * nodes
+    spilled: set[TaskResult] = set()
+    for k, i in enumerate(steps):
+        task, node = tasks[i], node_of[i]
+        for arg in dict.fromkeys(task.args):  # freed after their last use
+            if isinstance(arg, TaskResult) and uses[arg][-1] == k and arg in held[node_of[index[arg.task]]]:
+                total[node_of[index[arg.task]]] -= held[node_of[index[arg.task]]].pop(arg)
+        for p, nbytes in enumerate(task.out_bytes):
+            result = TaskResult(task.id, p)
+            if result in uses:
+                held[node][result] = nbytes
+                total[node] += nbytes
+        while total[node] > room[node]:
+            candidates = [r for r in held[node] if r in movable]
+            if not candidates:
+                break
+            victim = max(candidates, key=lambda r: next((at for at in uses[r] if at > k), NEVER))
+            spilled.add(victim)
+            total[node] -= held[node].pop(victim)
+    return frozenset(spilled)
+
+
+def intermediate_peak(physical: PhysicalPlan, nodes: int, order: Sequence[int] | None = None,
+                      spilled: frozenset[TaskResult] = frozenset()) -> tuple[int, ...]:
     """Per node, the most bytes of task results and driver values held at once (no input
-    blocks), the tasks run in ``order`` (default ``eager_order``, as a budget runs them)."""
+    blocks, no kept blocks, no ``spilled`` results), the tasks run in ``order`` (default
+    ``eager_order``, as a budget runs them)."""
     load = ClusterLoad(physical, nodes)
     for block, node in _homes(physical, nodes).items():
         load.hold(block, node, 0)
+    for i, task in enumerate(physical.tasks):  # kept blocks are held or streamed as inputs are
+        for arg in task.args:
+            if isinstance(arg, CachedBlock) and arg not in load.home:
+                load.hold(arg, (task.node if task.node is not None else i) % nodes, 0)
     for i in order if order is not None else eager_order(physical):
         task = physical.tasks[i]
-        load.run(task, (task.node if task.node is not None else i) % nodes)
+        out = [0 if TaskResult(task.id, p) in spilled else b for p, b in enumerate(task.out_bytes)] \
+            if spilled and task.out_bytes else None
+        load.run(task, (task.node if task.node is not None else i) % nodes, out)
     return tuple(load.peak)
 
 
@@ -265,9 +325,11 @@ def demotions(resident: Sequence[tuple[object, int, int]], budget: int, peaks: S
 
 
 def plan_residency(physical: PhysicalPlan, nodes: int, budget: int, *, repeats: int = 1,
-                   rates: StreamRates | None = None, workers_per_node: int = 2) -> Residency:
+                   rates: StreamRates | None = None, workers_per_node: int = 2,
+                   spilled: frozenset[TaskResult] = frozenset()) -> Residency:
     """Split ``physical``'s source blocks into resident and streamed under ``budget`` bytes per
-    node, for the program run ``repeats`` times (an iterative job's ``max_iter``).
+    node, for the program run ``repeats`` times (an iterative job's ``max_iter``); ``spilled``
+    results take no memory (written to the spill by their tasks).
 
     Raises ``BudgetError`` (one line: the block's size, a chunking or node count that would
     fit) when a block is bigger than what the budget leaves beside the intermediates.
@@ -276,7 +338,7 @@ def plan_residency(physical: PhysicalPlan, nodes: int, budget: int, *, repeats: 
     homes = _homes(physical, nodes)
     load = ClusterLoad(physical, nodes)
     sizes = {block: load.block_bytes(block) for block in homes}
-    peaks = intermediate_peak(physical, nodes)
+    peaks = intermediate_peak(physical, nodes, spilled=spilled)
     room = [max(0, budget - p) for p in peaks]
     for block, node in homes.items():
         if sizes[block] > room[node]:

@@ -35,9 +35,11 @@ class Executor(Protocol):
         """Read every source block of ``plan`` now (and check it), if not already held; with a
         ``residency`` that streams, only its resident blocks (the others are read by their tasks)."""
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None) -> list[Any]:
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None,
+            spill_results: frozenset[TaskResult] = frozenset()) -> list[Any]:
         """Run ``plan`` with the driver values, submitting its tasks in ``order`` if given;
-        returns the results named by ``plan.outputs``."""
+        returns the results named by ``plan.outputs``. ``spill_results`` are written to their
+        node's spill by the tasks that make them, and read back in place by their users."""
 
     def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
         """Stream these resident blocks (array URI, block) from now on: drop them from memory."""
@@ -45,9 +47,22 @@ class Executor(Protocol):
     def close(self) -> None:
         """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
 
+    spills_kept: bool  # ``keep`` can put kept blocks in a spill (``kept_sizes`` and the rest work)
+
     def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
-             order: tuple[int, ...] | None = None) -> None:
-        """Run ``plan`` (tasks submitted in ``order``, if given) and keep its outputs, unfetched, as blocks 0, 1, ... of ``handle``."""
+             order: tuple[int, ...] | None = None, spill: bool = False,
+             spill_results: frozenset[TaskResult] = frozenset()) -> None:
+        """Run ``plan`` (tasks submitted in ``order``, if given) and keep its outputs, unfetched, as
+        blocks 0, 1, ... of ``handle``; with ``spill``, each in its node's spill, not in memory."""
+
+    def kept_sizes(self, name: str) -> list[tuple[int, int] | None]:
+        """Per block of ``name``: (node, bytes) if it is in a spill, else None."""
+
+    def admit_kept(self, name: str, positions: list[int]) -> None:
+        """Bring these spilled blocks of ``name`` into memory."""
+
+    def demote_kept(self, name: str, positions: list[int]) -> None:
+        """Use these blocks of ``name`` from their spill again, dropping them from memory."""
 
     def alias(self, name: str, handle: str, positions: range) -> None:
         """Name blocks ``positions`` of ``handle`` as blocks 0, 1, ... of ``name``."""
@@ -125,9 +140,21 @@ class LocalExecutor:
     def close(self) -> None:
         pass
 
+    spills_kept = False  # one process: kept blocks are in its memory
+
     def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
-             order: tuple[int, ...] | None = None) -> None:
+             order: tuple[int, ...] | None = None, spill: bool = False,
+             spill_results: frozenset[TaskResult] = frozenset()) -> None:
         self._kept[handle] = self.run(plan, values)
+
+    def kept_sizes(self, name: str) -> list[tuple[int, int] | None]:
+        return [None] * len(self._kept[name])
+
+    def admit_kept(self, name: str, positions: list[int]) -> None:
+        pass
+
+    def demote_kept(self, name: str, positions: list[int]) -> None:
+        pass
 
     def alias(self, name: str, handle: str, positions: range) -> None:
         self._kept[name] = [self._kept[handle][p] for p in positions]
@@ -135,7 +162,8 @@ class LocalExecutor:
     def release(self, name: str) -> None:
         self._kept.pop(name, None)
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None) -> list[Any]:
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None,
+            spill_results: frozenset[TaskResult] = frozenset()) -> list[Any]:
         results: dict[str, tuple[Any, ...]] = {}  # in plan order: one process has nothing to overlap
         for task in plan.tasks:
             args = []

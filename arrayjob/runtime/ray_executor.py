@@ -47,6 +47,16 @@ storage; it never enters the object store and is freed when its task ends. Tasks
 Each streaming task reports its reads in its record; the first read of a block from storage
 is a read, any later one a re-read (``RunMetrics.bytes_reread``). The spill is removed by
 ``close``.
+
+Kept blocks under a budget (``keep(..., spill=True)``): every kept block is written by the
+task that made it to its node's spill (``runtime.kept_spill``: pickled with its arrays out
+of band, mapped back in place) and the executor holds a ``KeptFile`` for it, a few bytes.
+``admit_kept`` reads the ones the session keeps resident into the object store (a task on
+their node); ``demote_kept`` drops them back to the file. A task using a spilled kept block
+runs on the node that has the file and maps it itself, as it does a streamed source block.
+A spilled kept block has no lineage: if its node is lost, the task that needs it fails
+with ``KeptBlockLost`` (exit 5), and a rerun of the job builds it again and goes on from
+the last checkpoint.
 """
 
 from __future__ import annotations
@@ -68,7 +78,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from arrayjob import kernels
-from arrayjob.errors import ArrayJobError
+from arrayjob.errors import ArrayJobError, ClusterError
 from arrayjob.io.locations import StorageCounters, StorageOptions
 from arrayjob.planner.cost import ClusterLoad
 from arrayjob.planner.physical import (
@@ -80,7 +90,7 @@ from arrayjob.planner.physical import (
     TaskResult,
 )
 from arrayjob.planner.residency import Residency
-from arrayjob.runtime import reaper
+from arrayjob.runtime import kept_spill, reaper
 from arrayjob.runtime.executor import load_and_check
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.scaling import worker_ids
@@ -142,15 +152,36 @@ def _load(source: Source, index: tuple[int, ...], options: StorageOptions) -> tu
     return block, stats
 
 
+class KeptBlockLost(ClusterError):
+    """A spilled kept block's node is gone, and its file with it."""
+
+
+def _read_kept(kept: kept_spill.KeptFile) -> Any:
+    try:
+        return kept.read()
+    except kept_spill.KeptBlockLost as exc:
+        raise KeptBlockLost(f"cluster: {exc}, lost with its node; run the job again to build it anew "
+                            "(it goes on from its last checkpoint)") from None
+
+
+def _kept_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with kept blocks that are in a spill (a result of this program's keeping
+    tasks) mapped in."""
+    if not any(isinstance(a, kept_spill.KeptFile) for a in args):
+        return args
+    return tuple(_read_kept(a) if isinstance(a, kept_spill.KeptFile) else a for a in args)
+
+
 @ray.remote(max_retries=TASK_RETRIES)
 def _run_kernel(fn: Any, *args: Any) -> Any:
-    return kernels.run(fn, *args)
+    return kernels.run(fn, *_kept_args(args))
 
 
 @ray.remote(max_retries=TASK_RETRIES)
 def _run_measured(fn: Any, num_outputs: int, *args: Any) -> tuple[Any, ...]:
     """``fn(*args)``'s results, then the record ``(node id, bytes of each result, bytes of the
     args, attempt number)``."""
+    args = _kept_args(args)
     out = kernels.run(fn, *args)
     outs = tuple(out) if num_outputs > 1 else (out,)
     return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), sum(_nbytes(a) for a in args), _attempt()))
@@ -187,23 +218,45 @@ class StreamedRead:
 
 
 @ray.remote(max_retries=TASK_RETRIES)
-def _run_streaming(fn: Any, num_outputs: int, options: StorageOptions, *args: Any) -> tuple[Any, ...]:
-    """``_run_measured`` for a task some of whose blocks it reads itself (``StreamedRead``);
-    its record carries what each read cost, by block: ``{(array, index): stats}``."""
-    reads: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+def _run_streaming(fn: Any, num_outputs: int, options: StorageOptions, spill: tuple[str | None, ...],
+                   *args: Any) -> tuple[Any, ...]:
+    """``_run_measured`` for a task some of whose blocks it reads itself (``StreamedRead``, a
+    ``KeptFile``), or whose results it writes to its node's spill (``spill``: a path per
+    result, or None), returning a ``KeptFile`` for each of those. Its record carries what each
+    read cost, by block (``{(array, index): stats}``; a kept block's key is ``("kept",
+    path)``), and the bytes each result holds in the object store (0 for one spilled)."""
+    reads: dict[tuple[str, Any], dict[str, Any]] = {}
     real = []
     for a in args:
         if isinstance(a, StreamedRead):
             block, stats = a.read(options)
             reads[(a.source.array.name, a.index)] = stats
             real.append(block)
+        elif isinstance(a, kept_spill.KeptFile):
+            real.append(_read_kept(a))
+            reads[("kept", a.path)] = {"spill_read": a.nbytes}
         else:
             real.append(a)
     out = kernels.run(fn, *real)
     outs = tuple(out) if num_outputs > 1 else (out,)
     in_bytes = sum(_nbytes(a) for a in real)
     del real  # the streamed blocks are freed with the task
-    return (*outs, (_this_node(), tuple(_nbytes(o) for o in outs), in_bytes, _attempt(), reads))
+    sizes = [_nbytes(o) for o in outs]
+    if any(spill):
+        node = _this_node()
+        outs = tuple(o if path is None else kept_spill.KeptFile(path, node, n)
+                     for o, path, n in zip(outs, spill, sizes, strict=True))
+        for path, o in zip(spill, out if num_outputs > 1 else (out,), strict=True):
+            if path is not None:
+                reads[("kept-written", path)] = {"spill_written": kept_spill.write(path, o)}
+        sizes = [0 if path is not None else n for path, n in zip(spill, sizes, strict=True)]
+    return (*outs, (_this_node(), tuple(sizes), in_bytes, _attempt(), reads))
+
+
+@ray.remote(max_retries=TASK_RETRIES)
+def _admit_kept(kept: kept_spill.KeptFile) -> Any:
+    """A spilled kept block, read into the object store where this task runs (its node)."""
+    return _read_kept(kept)
 
 
 @ray.remote(max_retries=TASK_RETRIES)
@@ -218,6 +271,13 @@ def _write_spill(read: StreamedRead, options: StorageOptions) -> dict[str, Any]:
 @ray.remote
 def _remove_spill(directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@ray.remote
+def _remove_files(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def _least_memory(nodes: list[dict[str, Any]]) -> float:
@@ -264,8 +324,13 @@ class RayExecutor:
         self._pending_stats: list[tuple[BlockKey, ray.ObjectRef]] = []
         self._order: list[str] | None = None
         self._uses: dict[int, tuple[PhysicalPlan, Counter[str], frozenset[str]]] = {}
-        self._kept: dict[str, list[ray.ObjectRef]] = {}  # Session.persist's blocks, by name
-        self._kept_home: dict[ray.ObjectRef, tuple[str, int]] = {}  # where a kept block is, and its bytes
+        # Session.persist's blocks, by name: an object ref, or a KeptFile for one in a spill
+        self._kept: dict[str, list[Any]] = {}
+        # where a kept block is, and its bytes in the object store (0 for a KeptFile)
+        self._kept_home: dict[Any, tuple[str, int]] = {}
+        self._kept_file: dict[ray.ObjectRef, kept_spill.KeptFile] = {}  # admitted: the file it came from
+        self._kept_spilled = False  # kept blocks or results were written to the spill
+        self._recorded: list[int] = []
         # nodes: seen alive (at the start or since), lost; held blocks whose home was lost
         self._seen: set[str] = set(node_ids)
         self._lost: set[str] = set()
@@ -389,7 +454,8 @@ class RayExecutor:
             self.metrics.fault("node_lost", node=node)
         if lost:
             self._orphans |= {key for key, (home, _) in self._block_home.items() if home in self._lost}
-            self._orphans |= {ref for ref, (home, _) in self._kept_home.items() if home in self._lost}
+            self._orphans |= {ref for ref, (home, _) in self._kept_home.items()
+                              if home in self._lost and not isinstance(ref, kept_spill.KeptFile)}
 
     def _rehome(self) -> None:
         """Find where Ray rebuilt the held blocks that lived on a lost node."""
@@ -531,8 +597,8 @@ class RayExecutor:
             self._read_once.add(key)
 
     def close(self) -> None:
-        """Remove this executor's spill of streamed blocks, on every node."""
-        if not any(self._stream.values()):
+        """Remove this executor's spill of streamed and kept blocks, on every node."""
+        if not any(self._stream.values()) and not self._kept_spilled:
             return
         waits = []
         for node in self.node_order if self.node_ids else []:
@@ -563,8 +629,8 @@ class RayExecutor:
         fetched by every later use; every name it is kept under follows it."""
         old = self._kept[arg.handle][arg.position]
         found = self._kept_home.get(old)
-        if node is None or old in self._relocated or found is None:
-            return
+        if node is None or old in self._relocated or found is None or isinstance(old, kept_spill.KeptFile):
+            return  # a spilled block stays on its node's disk: its tasks go there
         self._relocated.add(old)
         home, nbytes = found
         target = self.node_order[node % len(self.node_order)]
@@ -583,9 +649,11 @@ class RayExecutor:
         self.metrics.count_tasks(1)
 
     def _submit(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None,
+                spill: Mapping[str, tuple[str | None, ...]] | None = None,
                 ) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
         """Submit every task of ``plan`` (in ``order``, if given); the refs of its outputs and of
-        the tasks' records, in plan order."""
+        the tasks' records, in plan order. A task in ``spill`` writes its results to the paths
+        given (None: kept in the object store) and returns ``KeptFile``s for them."""
         uses, returned = self._consumers(plan)
         if self.node_ids:
             self.check_nodes(every=1.0)
@@ -596,7 +664,9 @@ class RayExecutor:
         for position in order if order is not None else range(len(plan.tasks)):
             task = plan.tasks[position]
             args = []
-            streams = False
+            writes = (spill or {}).get(task.id)
+            streams = writes is not None
+            on_disk: str | None = None  # the node whose spill holds a kept block this task maps
             for arg in task.args:
                 if isinstance(arg, SourceBlock):
                     read = self._streamed(plan, arg)
@@ -609,17 +679,22 @@ class RayExecutor:
                 elif isinstance(arg, CachedBlock):
                     if self._relocating:
                         self._relocate_kept(arg, task.node)
-                    args.append(self._kept[arg.handle][arg.position])
+                    kept = self._kept[arg.handle][arg.position]
+                    if isinstance(kept, kept_spill.KeptFile):
+                        streams, on_disk = True, on_disk or kept.node
+                    args.append(kept)
                 else:
                     args.append(value_refs[arg.name])
             home = self._home(plan, task) if self._lost else None
             holds = sum(task.out_bytes) + sum(_block_bytes(a.source) for a in args if isinstance(a, StreamedRead))
             options = {**self._options(task.node, home), **self._memory(holds),
                        "name": task.kernel.name}  # in Ray's dashboard and timeline
+            if on_disk is not None and on_disk not in self._lost:
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(on_disk, soft=True)
             if streams:
                 options["num_returns"] = task.num_outputs + 1
-                *outs, record = _run_streaming.options(**options).remote(task.kernel.fn, task.num_outputs,
-                                                                         self.options, *args)
+                *outs, record = _run_streaming.options(**options).remote(
+                    task.kernel.fn, task.num_outputs, self.options, writes or (None,) * task.num_outputs, *args)
                 records[position] = record
             elif self.measure:
                 options["num_returns"] = task.num_outputs + 1
@@ -638,28 +713,64 @@ class RayExecutor:
         self.metrics.count_tasks(len(plan.tasks))
         self._relocating = False
         self._relocated.clear()
-        return [refs[o.task][o.output] for o in plan.outputs], [records[i] for i in sorted(records)]
+        self._recorded = sorted(records)  # the positions of the tasks with records, for ``_remove_results``
+        return [refs[o.task][o.output] for o in plan.outputs], [records[i] for i in self._recorded]
 
-    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None) -> list[Any]:
-        outs, records = self._submit(plan, values, order)
+    def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None,
+            spill_results: frozenset[TaskResult] = frozenset()) -> list[Any]:
+        writes = self._spill_paths(plan, spill_results, "result")
+        outs, records = self._submit(plan, values, order, spill={k: tuple(v) for k, v in writes.items()})
         outputs = self._get(outs)
         if self._pending_stats:
             self._collect_stats()
+        got = self._get(records)
         if self.measure:
-            self._measure(plan, values, self._get(records), order)
+            self._measure(plan, values, got, order)
         elif records:  # streaming tasks report their reads even unmeasured
-            for record in self._get(records):
+            for record in got:
                 self._count_reads(plan, record[4])
+        self._remove_results(plan, writes, got)
         return outputs
+
+    def _spill_paths(self, plan: PhysicalPlan, results: frozenset[TaskResult] | set[TaskResult],
+                     kind: str) -> dict[str, list[str | None]]:
+        """A file in this executor's spill for each of ``results``, by task: a path per result."""
+        if not results:
+            return {}
+        self._kept_spilled = True
+        outputs = {t.id: t.num_outputs for t in plan.tasks}
+        writes: dict[str, list[str | None]] = {}
+        for r in sorted(results, key=lambda r: (r.task, r.output)):
+            paths = writes.setdefault(r.task, [None] * outputs[r.task])
+            paths[r.output] = os.path.join(self._spill_dir, f"{kind}-{uuid.uuid4().hex}.bin")
+        return writes
+
+    def _remove_results(self, plan: PhysicalPlan, writes: Mapping[str, list[str | None]],
+                        records: list[tuple[Any, ...]]) -> None:
+        """Remove the files of spilled results once the program is done, on the nodes that
+        wrote them (a task each, not waited for: ``close`` removes what is left)."""
+        if not writes:
+            return
+        by_node: dict[str, list[str]] = {}
+        for position, record in zip(self._recorded, records, strict=True):
+            paths = writes.get(plan.tasks[position].id)
+            if paths:
+                by_node.setdefault(record[0], []).extend(p for p in paths if p)
+        for node, paths in by_node.items():
+            strategy = NodeAffinitySchedulingStrategy(node, soft=True)
+            _remove_files.options(scheduling_strategy=strategy).remote(paths)
 
     def _count_reads(self, plan: PhysicalPlan, reads: Mapping[tuple[str, tuple[int, ...]], Mapping[str, Any]]) -> None:
         """Count a streaming task's own block reads: storage (a read, or a re-read after the
         block's first) or the node's spill."""
         for (name, index), stats in reads.items():
-            key = (plan.source(name), index)
             if "spill_read" in stats:
                 self.metrics.count_stream(spill_read=stats["spill_read"])
                 continue
+            if name == "kept-written":
+                self.metrics.count_stream(spill_written=stats["spill_written"])
+                continue
+            key = (plan.source(name), index)
             counters = StorageCounters(**{k: stats[k] for k in StorageCounters.__dataclass_fields__})
             self.metrics.count_storage(counters)
             self.metrics.fault("storage_retry", stats.get("storage_retries", 0))
@@ -669,21 +780,79 @@ class RayExecutor:
                                       spill_written=stats.get("spill_written", 0))
 
     # -- blocks kept between programs (Session.persist) --------------------------------------
+    spills_kept = True
+
     def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
-             order: tuple[int, ...] | None = None) -> None:
-        outs, records = self._submit(plan, values, order)
+             order: tuple[int, ...] | None = None, spill: bool = False,
+             spill_results: frozenset[TaskResult] = frozenset()) -> None:
+        kept = set(plan.outputs) if spill else set()  # each to a file of its own, by the task that makes it
+        writes = self._spill_paths(plan, kept, f"kept-{handle}")
+        results = self._spill_paths(plan, spill_results - kept, "result")
+        for task, paths in results.items():
+            merged = writes.setdefault(task, paths)
+            for i, path in enumerate(paths):
+                merged[i] = merged[i] or path
+        outs, records = self._submit(plan, values, order, spill={k: tuple(v) for k, v in writes.items()})
         if self._pending_stats:
             self._collect_stats()
-        if self.measure:  # waits for the tasks, and raises what failed
-            ran = self._measure(plan, values, self._get(records), order)
-            for ref, o in zip(outs, plan.outputs, strict=True):
-                node, out_bytes = ran[o.task]
-                self._kept_home[ref] = (node, out_bytes[o.output])
+        got = self._get(records)  # waits for the tasks, and raises what failed
+        if self.measure:
+            ran = self._measure(plan, values, got, order)
+            homes = [ran[o.task] for o in plan.outputs]
         else:
             ray.wait(outs, num_returns=len(outs), fetch_local=False)
-            for record in self._get(records):  # streaming tasks report their reads even unmeasured
+            for record in got:  # streaming tasks report their reads even unmeasured
                 self._count_reads(plan, record[4])
-        self._kept[handle] = outs
+            homes = []
+        self._remove_results(plan, results, got)
+        kept: list[Any] = self._get(outs) if spill else outs  # KeptFiles: a few bytes each
+        for i, (block, o) in enumerate(zip(kept, plan.outputs, strict=True)):
+            if isinstance(block, kept_spill.KeptFile):
+                self._kept_home[block] = (block.node, 0)
+            elif homes:
+                node, out_bytes = homes[i]
+                self._kept_home[block] = (node, out_bytes[o.output])
+        self._kept[handle] = kept
+
+    def kept_sizes(self, name: str) -> list[tuple[int, int] | None]:
+        """For each block kept under ``name`` that is in a spill: (planner node index of its
+        node, its bytes); None for one in the object store."""
+        order = self.node_order
+        return [(order.index(b.node) if b.node in order else 0, b.nbytes)
+                if isinstance(b, kept_spill.KeptFile) else None for b in self._kept[name]]
+
+    def _swap_kept(self, old: Any, new: Any, home: tuple[str, int]) -> None:
+        for refs in self._kept.values():
+            for i, ref in enumerate(refs):
+                if ref == old:
+                    refs[i] = new
+        self._kept_home.pop(old, None)
+        self._kept_home[new] = home
+
+    def admit_kept(self, name: str, positions: list[int]) -> None:
+        """Read these spilled blocks of ``name`` into the object store, each on its node."""
+        refs = []
+        for p in positions:
+            kept = self._kept[name][p]
+            if not isinstance(kept, kept_spill.KeptFile):
+                continue
+            strategy = NodeAffinitySchedulingStrategy(kept.node, soft=True)
+            ref = _admit_kept.options(scheduling_strategy=strategy, name="admit kept block").remote(kept)
+            self._kept_file[ref] = kept
+            self._swap_kept(kept, ref, (kept.node, kept.nbytes))
+            refs.append(ref)
+        if refs:
+            ray.wait(refs, num_returns=len(refs), fetch_local=False)
+            self.metrics.count_tasks(len(refs))
+            self.metrics.count_stream(spill_read=sum(self._kept_file[r].nbytes for r in refs))
+
+    def demote_kept(self, name: str, positions: list[int]) -> None:
+        """Use these admitted blocks of ``name`` from their spill again (Ray frees the copies)."""
+        for p in positions:
+            ref = self._kept[name][p]
+            kept = self._kept_file.pop(ref, None) if not isinstance(ref, kept_spill.KeptFile) else None
+            if kept is not None:
+                self._swap_kept(ref, kept, (kept.node, 0))
 
     def alias(self, name: str, handle: str, positions: range) -> None:
         self._kept[name] = [self._kept[handle][p] for p in positions]
@@ -693,6 +862,7 @@ class RayExecutor:
         still = {ref for refs in self._kept.values() for ref in refs}
         for ref in dropped - still:
             self._kept_home.pop(ref, None)
+            self._kept_file.pop(ref, None)
 
     def _measure(self, plan: PhysicalPlan, values: Mapping[str, Any],
                  records: list[tuple[Any, ...]], submitted: tuple[int, ...] | None = None,

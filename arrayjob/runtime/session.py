@@ -15,15 +15,17 @@ import numpy as np
 from arrayjob.lazy import BlockArray, bound_values, cached, capture
 from arrayjob.planner.lower import assemble_outputs
 from arrayjob.planner.ops import Cached, Value
-from arrayjob.planner.physical import PhysicalPlan, SourceBlock
+from arrayjob.planner.physical import PhysicalPlan, SourceBlock, TaskResult
 from arrayjob.planner.pipeline import Planner
 from arrayjob.planner.plan import Plan, PlanOptions
 from arrayjob.planner.residency import (
+    SPILL_RESULT_MIN_BYTES,
     Residency,
     StreamRates,
     demotions,
     intermediate_peak,
     plan_residency,
+    spilled_results,
     task_order,
 )
 from arrayjob.runtime.executor import Executor
@@ -32,6 +34,14 @@ if TYPE_CHECKING:
     from arrayjob.planner.ir import Graph
 
 _handles = itertools.count()
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """Block ``position`` of the kept array ``name``, as the block cache counts it."""
+
+    name: str
+    position: int
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,14 @@ class Session:
     resident (``planner.residency``); the rest are streamed by the executor, and every later
     program submits its tasks in the order the planner gives for what is streamed. Without
     one, or when everything fits, programs run as planned.
+
+    Kept blocks (``persist``) share the budget. When a persisted program's results would not
+    fit beside what is resident, each is written to its node's spill by the task that makes
+    it, and as many as fit are read back into memory, the first positions first (every
+    later program reads them all, in a cyclic scan: any fixed set is as good as another,
+    and better than churning). A program whose intermediates need room streams resident
+    blocks again, the last admitted first (``planner.residency.demotions``); a release
+    makes room that spilled kept blocks take.
     """
 
     def __init__(self, executor: Executor, options: PlanOptions | None = None,
@@ -67,49 +85,124 @@ class Session:
         self.budget = budget
         self.residencies: list[Residency] = []  # one per load, in order
         # (array URI, block) kept in the store -> (node, bytes), in the order admitted
-        self._resident: dict[tuple[str, SourceBlock], tuple[int, int]] = {}
+        # (array URI, block), or a kept block, in memory -> (node, bytes), in the order admitted
+        self._resident: dict[tuple[str, SourceBlock] | _Kept, tuple[int, int]] = {}
+        # kept arrays in a spill: per block, (node, bytes)
+        self._kept_spilled: dict[str, list[tuple[int, int]]] = {}
+        # kept arrays held in memory from the start (by the plan's sizes, they fit): bytes per node
+        self._kept_held: dict[str, list[int]] = {}
+        self._reserve = [0] * max(1, self.options.cluster.nodes)  # the most intermediates seen, per node
         self._streamed: set[tuple[str, SourceBlock]] = set()
         self._resident_bytes = [0] * max(1, self.options.cluster.nodes)
         self._orders: dict[int, tuple[PhysicalPlan, tuple[int, ...] | None]] = {}
-        self._peaks: dict[int, tuple[PhysicalPlan, tuple[int, ...]]] = {}
+        # per program (and how it keeps its outputs): its intermediates' peak per node, with its
+        # outputs and without, and the results it writes to the spill
+        self._peaks: dict[int, tuple[PhysicalPlan, tuple[bool, bool], tuple[int, ...], tuple[int, ...],
+                                     frozenset[TaskResult]]] = {}
 
-    def residency(self, physical: PhysicalPlan) -> Residency | None:
+    def residency(self, physical: PhysicalPlan, keeps: bool = False) -> Residency | None:
         """The planner's split of ``physical``'s blocks under the budget, given what earlier
         loads keep resident (``None`` without a budget). Raises ``BudgetError`` if a block
-        cannot fit even streamed."""
+        cannot fit even streamed. With ``keeps`` (``persist``), the program's results are
+        counted as the executor keeps them under a budget: in the spill, not in memory."""
         if self.budget is None:
             return None
         cluster = self.options.cluster
         left = self.budget.bytes - max(self._resident_bytes)
+        spilled = frozenset(physical.outputs) if keeps and getattr(self.executor, "spills_kept", False) \
+            else frozenset()
         return plan_residency(physical, cluster.nodes, max(0, left), repeats=self.budget.repeats,
-                              rates=self.budget.rates, workers_per_node=cluster.workers_per_node)
+                              rates=self.budget.rates, workers_per_node=cluster.workers_per_node, spilled=spilled)
 
     def _key(self, physical: PhysicalPlan, block: SourceBlock) -> tuple[str, SourceBlock]:
         return physical.source(block.array).array.uri, block
 
-    def _make_room(self, physical: PhysicalPlan) -> None:
-        """Stream resident blocks from now on where this program's intermediates would not
-        fit beside them (``planner.residency.demotions``)."""
-        if self.budget is None or not self._resident:
-            return
+    def _make_room(self, physical: PhysicalPlan, keeps: bool = False, kept_spilled: bool = False,
+                   ) -> frozenset[TaskResult]:
+        """Under a budget: the results of this program to write to the spill so that its
+        intermediates fit beside what is resident (``planner.residency.spilled_results``);
+        and resident blocks to stream from now on where they still do not
+        (``planner.residency.demotions``). With ``keeps`` (``persist``), the program's outputs
+        are kept: in the spill with ``kept_spilled`` (taking no memory), else in memory (and
+        counted as kept afterwards, not in the room later programs' intermediates need)."""
+        if self.budget is None or not (self._resident or self._kept_spilled or self._streamed):
+            return frozenset()
         cached = self._peaks.get(id(physical))
-        if cached is None or cached[0] is not physical:  # one replay per plan, not per iteration
+        if cached is None or cached[0] is not physical or cached[1] != (keeps, kept_spilled):
             if len(self._peaks) > 64:
                 self._peaks.clear()
-            cached = self._peaks[id(physical)] = (physical, intermediate_peak(physical, len(self._resident_bytes)))
-        peaks = cached[1]
+            nodes = len(self._resident_bytes)
+            # results go to the spill where they would not fit beside what is resident: a
+            # result is written and read once, where a resident block streamed instead would
+            # come back at every later program that reads it; but not results under a 16th of
+            # the budget (or 1 MiB), whose files would cost more than the room they free
+            spilled: frozenset[TaskResult] = frozenset()
+            if getattr(self.executor, "spills_kept", False):
+                room = [max(0, self.budget.bytes - held) for held in self._resident_bytes]
+                spilled = spilled_results(physical, nodes, room,
+                                          min_bytes=min(SPILL_RESULT_MIN_BYTES, self.budget.bytes // 16))
+            outputs = frozenset(physical.outputs)
+            peaks = intermediate_peak(physical, nodes, spilled=spilled | outputs if kept_spilled else spilled)
+            alone = intermediate_peak(physical, nodes, spilled=spilled | outputs) if keeps and not kept_spilled \
+                else peaks
+            cached = self._peaks[id(physical)] = (physical, (keeps, kept_spilled), peaks, alone, spilled)
+        _, _, peaks, alone, spilled = cached
+        self._reserve = [max(r, p) for r, p in zip(self._reserve, alone, strict=False)]
         dropped = demotions([(k, n, b) for k, (n, b) in self._resident.items()], self.budget.bytes, peaks)
+        kept: dict[str, list[int]] = {}
         for key in dropped:
             node, nbytes = self._resident.pop(key)  # type: ignore[call-overload]
             self._resident_bytes[node] -= nbytes
-            self._streamed.add(key)  # type: ignore[arg-type]
-        if dropped:
+            if isinstance(key, _Kept):
+                kept.setdefault(key.name, []).append(key.position)
+            else:
+                self._streamed.add(key)  # type: ignore[arg-type]
+        for name, positions in kept.items():
+            self.executor.demote_kept(name, positions)
+        if len(kept) < len(dropped):
             self._orders.clear()
-            self.executor.demote(set(dropped))  # type: ignore[arg-type]
+            self.executor.demote({k for k in dropped if not isinstance(k, _Kept)})  # type: ignore[misc]
+        return spilled
+
+    def _spills_kept(self, physical: PhysicalPlan) -> bool:
+        """Under a budget: whether ``physical``'s results, kept, go to the spill first. They do
+        when the budget already streams inputs (the plan cannot size an object block, such as
+        a graph block of SciPy matrices: 8 bytes an element to it), or when by the plan's
+        sizes of them they would not fit beside what is resident on some node."""
+        if self.budget is None or not getattr(self.executor, "spills_kept", False):
+            return False
+        if self._streamed or self._kept_spilled:
+            return True
+        nodes = len(self._resident_bytes)
+        need = [0] * nodes
+        producers = {t.id: (t.node if t.node is not None else i) % nodes for i, t in enumerate(physical.tasks)}
+        sizes = {t.id: t.out_bytes for t in physical.tasks}
+        for out in physical.outputs:
+            task_bytes = sizes[out.task]
+            need[producers[out.task]] += task_bytes[out.output] if out.output < len(task_bytes) else 0
+        return any(self._resident_bytes[n] + self._reserve[n] + need[n] > self.budget.bytes for n in range(nodes))
+
+    def _admit_kept(self) -> None:
+        """Bring spilled kept blocks into memory where the budget has room for them beside what
+        is resident and the most intermediates seen on their node."""
+        assert self.budget is not None
+        nodes = len(self._resident_bytes)
+        for name, blocks in self._kept_spilled.items():
+            admitted = []
+            for position, (node, nbytes) in enumerate(blocks):
+                node %= nodes
+                key = _Kept(name, position)
+                if key in self._resident or nbytes == 0:
+                    continue
+                if self._resident_bytes[node] + self._reserve[node] + nbytes <= self.budget.bytes:
+                    self._resident[key] = (node, nbytes)
+                    self._resident_bytes[node] += nbytes
+                    admitted.append(position)
+            if admitted:
+                self.executor.admit_kept(name, admitted)
 
     def _order(self, physical: PhysicalPlan) -> tuple[int, ...] | None:
         """The submission order of a program over blocks some of which are streamed."""
-        self._make_room(physical)
         if not self._streamed:
             return None
         cached = self._orders.get(id(physical))
@@ -167,7 +260,7 @@ class Session:
                 self._resident_bytes[homes[block]] += residency.block_bytes[block]
         self._streamed |= {self._key(physical, b) for b in residency.streamed} - set(self._resident)
 
-    def _decide(self, physical: PhysicalPlan) -> None:
+    def _decide(self, physical: PhysicalPlan, keeps: bool = False) -> None:
         """Under a budget, split the stored blocks of a program no load has decided (PageRank
         reads its edges in its first programs) before it runs; when nothing streams, the
         executor reads them on first use, as without a budget."""
@@ -176,7 +269,7 @@ class Session:
         keys = {self._key(physical, a) for t in physical.tasks for a in t.args if isinstance(a, SourceBlock)}
         if not keys - set(self._resident) - self._streamed:
             return
-        residency = self.residency(physical)
+        residency = self.residency(physical, keeps)
         assert residency is not None
         self._admit(physical, residency)
         if residency.streams or self._streamed:
@@ -198,8 +291,12 @@ class Session:
         if self.on_run:
             self.on_run("persist", plan.graph)
         values = {**bound_values(list(outputs.values())), **(values or {})}
-        self._decide(plan.physical)
-        self.executor.keep(plan.physical, self._bind(plan, values), handle, order=self._order(plan.physical))
+        self._decide(plan.physical, keeps=True)
+        spill = self._spills_kept(plan.physical)
+        results = self._make_room(plan.physical, keeps=True, kept_spilled=spill)
+        order = self._order(plan.physical)
+        self.executor.keep(plan.physical, self._bind(plan, values), handle, order=order, spill=spill,
+                           spill_results=results)
         kept: dict[str, BlockArray] = {}
         position = 0
         for name, out in zip(outputs, plan.assembly, strict=True):
@@ -209,12 +306,42 @@ class Session:
             position += len(out.blocks)
             kept[name] = cached(array_handle, node.shape, node.dtype, plan.grid(out.node).block_shape)
         self.executor.release(handle)  # the per-array names hold the blocks now
+        if spill:
+            for array in kept.values():
+                name = array.attrs.handle  # type: ignore[union-attr]
+                self._kept_spilled[name] = [s or (0, 0) for s in self.executor.kept_sizes(name)]
+            self._admit_kept()
+        elif self.budget is not None:  # in memory, as the plan sizes them: they take the budget's room
+            nodes = len(self._resident_bytes)
+            producers = {t.id: ((t.node if t.node is not None else i) % nodes, t.out_bytes)
+                         for i, t in enumerate(plan.physical.tasks)}
+            results = iter(plan.physical.outputs)  # the blocks of each kept array, in turn
+            for array, out in zip(kept.values(), plan.assembly, strict=True):
+                held = [0] * nodes
+                for result in itertools.islice(results, len(out.blocks)):
+                    node, sizes = producers[result.task]
+                    held[node] += sizes[result.output] if result.output < len(sizes) else 0
+                self._kept_held[array.attrs.handle] = held  # type: ignore[union-attr]
+                self._resident_bytes = [a + b for a, b in zip(self._resident_bytes, held, strict=True)]
         return kept
 
     def release(self, arrays: Mapping[str, BlockArray]) -> None:
+        freed = False
         for array in arrays.values():
             assert isinstance(array.attrs, Cached)
-            self.executor.release(array.attrs.handle)
+            name = array.attrs.handle
+            self.executor.release(name)
+            held = self._kept_held.pop(name, None)
+            if held is not None:
+                self._resident_bytes = [a - b for a, b in zip(self._resident_bytes, held, strict=True)]
+                freed = True
+            if self._kept_spilled.pop(name, None) is not None:
+                for key in [k for k in self._resident if isinstance(k, _Kept) and k.name == name]:
+                    node, nbytes = self._resident.pop(key)
+                    self._resident_bytes[node] -= nbytes
+                freed = True
+        if freed and self._kept_spilled:
+            self._admit_kept()  # the room they leave
 
     def _bind(self, plan: Plan, values: Mapping[str, Any] | None) -> dict[str, Any]:
         bound = dict(values or {})
@@ -237,5 +364,7 @@ class Session:
         if self.on_run:
             self.on_run("compute", plan.graph)
         self._decide(plan.physical)
-        results = self.executor.run(plan.physical, self._bind(plan, values), order=self._order(plan.physical))
+        spilled = self._make_room(plan.physical)
+        results = self.executor.run(plan.physical, self._bind(plan, values), order=self._order(plan.physical),
+                                    spill_results=spilled)
         return dict(zip(outputs, assemble_outputs(plan, results), strict=True))
