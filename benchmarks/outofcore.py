@@ -13,12 +13,18 @@ on the same data (generated once into ``--workdir`` with `arrayjob datagen`):
 - ``planned, spill``: the store capped, the default budget (80 % of it): the planner keeps a
   fixed set resident and streams the rest from the nodes' own spill.
 - ``planned, bucket``: the same with a profile whose local disk reads slower than storage,
-  so streamed blocks are re-read from the input's storage (where spilling is impossible).
+  so streamed blocks are re-read from the input's storage.
+- ``small disk`` (logreg, full size, as root): Ray's spilling and the planned case again with
+  the temporary directory (Ray's session and spill, arrayjob's spill) on a 500 MB tmpfs of
+  the run's own, smaller than X: spilling X is impossible; the planner streams from storage.
 
 PageRank (an R-MAT graph whose kept CSR blocks are about twice the store) runs the first
-three: its edges are streamed under the budget, but the graph it builds from them and keeps
-between iterations (``Session.persist``) is not, so with the store capped Ray spills it
-whatever the budget says.
+three: its edges are streamed under the budget, and the graph it builds from them and keeps
+between iterations (``Session.persist``) goes to the nodes' spill where it does not fit.
+
+KMeans is also run by its peer, dask-ml (``benchmarks/dask_kmeans.py``: a local dask cluster
+of 2 single-threaded workers, X persisted in them), with no memory cap and with each worker
+capped at half the store, when dask-ml is installed (``make bench`` installs it).
 
 Per iteration: the fit stage's seconds over the passes the job made over its input (logreg's
 ``evaluations``, KMeans' and PageRank's ``iterations``). Beside each, the estimate made for
@@ -34,6 +40,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,11 +54,12 @@ ARRAYJOB = str(Path(sys.executable).with_name("arrayjob"))
 # PageRank's graph (CSR: 12 bytes per distinct edge) is about twice its own store, ``graph_store``
 SIZES = {"full": {"rows": 3_000_000, "cols": 64, "chunk_rows": 100_000, "store": "600MB", "k": 8,
                   "graph_nodes": 2_500_000, "graph_edges": 25_000_000, "edge_chunk_rows": 1_000_000,
-                  "graph_store": "150MB"},
+                  "graph_store": "150MB", "small_disk": "500M"},
          "quick": {"rows": 300_000, "cols": 64, "chunk_rows": 10_000, "store": "80MB", "k": 8,
                    "graph_nodes": 1_000_000, "graph_edges": 12_000_000, "edge_chunk_rows": 500_000,
                    "graph_store": "80MB"}}
 ITERATIONS = {"logreg": 10, "kmeans": 10, "pagerank": 10}
+CASE_TIMEOUT = 900  # seconds: Ray's spilling on a full disk may stall rather than fail
 INPUT = {"logreg": "X.zarr", "kmeans": "X.zarr", "pagerank": "edges.zarr"}
 
 
@@ -69,18 +77,56 @@ def spec(path: Path, algorithm: str, data: Path, output: Path, size: dict) -> Pa
     return path
 
 
-def run_case(spec_path: Path, cwd: Path, sets: list[str]) -> dict:
+def run_case(spec_path: Path, cwd: Path, sets: list[str], disk: str | None = None) -> dict:
+    """One ``arrayjob run``; with ``disk`` (a size), its temporary directory (Ray's session and
+    spill, arrayjob's spill) is a tmpfs of that size of its own, in a mount namespace of its
+    own (``unshare``: root only), so spilling X is impossible."""
     args = [ARRAYJOB, "run", str(spec_path), "--json", "--overwrite"]
     for s in sets:
         args += ["--set", s]
+    if disk is not None:
+        small = Path(tempfile.gettempdir()) / f"arrayjob-small-disk-{os.getpid()}"
+        small.mkdir(exist_ok=True)
+        args = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'mount -t tmpfs -o size={disk} tmpfs "{small}" && TMPDIR="{small}" exec "$@"', "sh", *args]
     start = time.perf_counter()
-    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+    try:
+        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=CASE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"error": [f"did not finish in {CASE_TIMEOUT} s"], "seconds": CASE_TIMEOUT}
+    finally:
+        if disk is not None:
+            small.rmdir()
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"], "seconds": seconds}
     report = json.loads(done.stdout)
     report["process_seconds"] = seconds
     return report
+
+
+def units_size(text: str) -> int:
+    sys.path.insert(0, str(REPO))
+    from arrayjob.units import size
+
+    return size(text)
+
+
+def dask_kmeans(x: Path, k: int, memory_limit: str) -> dict:
+    """``benchmarks/dask_kmeans.py`` in its own process (dask's own cluster); its figures, or why not."""
+    try:
+        import dask_ml  # noqa: F401
+    except ImportError:
+        return {"error": "dask-ml not installed (make bench installs it)"}
+    done = subprocess.run([sys.executable, str(HERE / "dask_kmeans.py"), str(x), "--k", str(k),
+                           "--iterations", str(ITERATIONS["kmeans"]), "--memory-limit", memory_limit],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"passes": out["iterations"], "fit_seconds": out["fit_seconds"],
+            "seconds_per_pass": out["seconds_per_pass"], "load_seconds": out["load_seconds"],
+            "memory_limit": memory_limit, "peer": True}
 
 
 def summarize(name: str, report: dict, passes_key: str) -> dict:
@@ -148,13 +194,25 @@ def main() -> int:
                 ("planned, spill", cwd, [f"cluster.object_store_memory={store}"]),
                 ("planned, bucket", slow, [f"cluster.object_store_memory={store}"]),
             ]
+            if size.get("small_disk") and algorithm == "logreg" and os.geteuid() == 0 and shutil.which("unshare"):
+                # spilling impossible: a temporary directory smaller than X, for Ray and for arrayjob
+                small = [f"cluster.object_store_memory={store}"]
+                cases += [("Ray's spilling, small disk", cwd, [*small, "cluster.memory_budget=1TB"], size["small_disk"]),
+                          ("planned, small disk", cwd, small, size["small_disk"])]
             if algorithm == "pagerank":  # its edges stream from the spill or not at all: no bucket case
                 cases = cases[:3]
             key = "evaluations" if algorithm == "logreg" else "iterations"
-            for name, where, sets in cases:
+            for name, where, sets, *disk in cases:
                 print(f"{algorithm}: {name} ...", file=sys.stderr, flush=True)
-                row = summarize(name, run_case(path, where, sets), key)
+                row = summarize(name, run_case(path, where, sets, *disk), key)
                 row["workload"] = algorithm
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+        if algorithm == "kmeans":  # the peer: dask-ml, in memory and with workers capped to the store
+            half = f"{units_size(size['store']) // 2}B"
+            for name, limit in (("dask-ml, in memory", "auto"), ("dask-ml, workers capped", half)):
+                print(f"{algorithm}: {name} ...", file=sys.stderr, flush=True)
+                row = {"case": name, "workload": algorithm, **dask_kmeans(data / "X.zarr", size["k"], limit)}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     load = os.getloadavg()
@@ -187,6 +245,11 @@ def markdown_table(result: dict) -> str:
             lines.append(f"| {r['workload']} | {r['case']} | failed: {r['error']} | | | | |")
             continue
         ratio = r["seconds_per_pass"] / base[r["workload"]] if base.get(r["workload"]) else float("nan")
+        if r.get("peer"):  # dask-ml: its time only (its own cluster holds or spills X as it will)
+            limit = "no cap" if r["memory_limit"] == "auto" else f"{r['memory_limit']} per worker"
+            lines.append(f"| {r['workload']} | {r['case']} | {r['seconds_per_pass']:.3f} | {ratio:.2f} "
+                         f"| - | - | {limit} |")
+            continue
         # from the spill every pass brings its blocks back (the load wrote it); from the bucket
         # the first pass reads them and the others bring them back
         back = r["brought_back_bytes"] / max(1, r["passes"] - (r["streamed_from"] != "spill"))

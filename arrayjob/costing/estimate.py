@@ -29,11 +29,13 @@ from arrayjob.planner.pipeline import budget_block_target, make_plan
 from arrayjob.planner.placement import placed_tree_tasks
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import (
+    SPILL_RESULT_MIN_BYTES,
     Residency,
     StreamRates,
     demotions,
     intermediate_peak,
     plan_residency,
+    spilled_results,
 )
 from arrayjob.units import size
 
@@ -350,9 +352,14 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                 if key[b] not in resident:
                     resident[key[b]] = (block_homes[b], residency.block_bytes[b])
                     resident_bytes[block_homes[b]] += residency.block_bytes[b]
-        elif resident:  # a later program: resident blocks make room for its intermediates (Session)
+        # results that would not fit beside the resident blocks go to the spill (Session._make_room)
+        spilled_results_here = spilled_results(
+            physical, nodes, [max(0, budget - r) for r in resident_bytes],
+            min_bytes=min(SPILL_RESULT_MIN_BYTES, budget // 16)) \
+            if (resident or read_before) and rates.spill_capacity > 0 else frozenset()
+        if residency is None and resident:  # a later program: resident blocks make room for its intermediates
             dropped = demotions([(k, n, nb) for k, (n, nb) in resident.items()], budget,
-                                intermediate_peak(physical, nodes))
+                                intermediate_peak(physical, nodes, spilled=spilled_results_here))
             for k in dropped:
                 node, nbytes = resident.pop(k)  # type: ignore[call-overload]
                 resident_bytes[node] -= nbytes
@@ -404,12 +411,14 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
             read_seconds = max(first_node) / profile.storage_read_bytes_per_s + max(again_node) / rate
             seconds[p.stage] += max(runs * run_seconds, read_seconds) + runs * profile.run_overhead_seconds
             spill_node = [0] * nodes
-            peak = [i + r for i, r in zip(intermediate_peak(physical, nodes), resident_bytes, strict=True)]
+            peak = [i + r for i, r in zip(intermediate_peak(physical, nodes, spilled=spilled_results_here),
+                                          resident_bytes, strict=True)]
         else:
             seconds[p.stage] += runs * (run_seconds + profile.run_overhead_seconds)
             peak = list(cost.peak_bytes_per_node)
             if read_before or residencies and residencies[-1].streams:
-                peak = [i + r for i, r in zip(intermediate_peak(physical, nodes), resident_bytes, strict=True)]
+                peak = [i + r for i, r in zip(intermediate_peak(physical, nodes, spilled=spilled_results_here),
+                                          resident_bytes, strict=True)]
         if stage is not load:
             stage.runs += runs
         stage.bytes_between_nodes += runs * cost.bytes_between_nodes

@@ -244,12 +244,21 @@ def _run_streaming(fn: Any, num_outputs: int, options: StorageOptions, spill: tu
     sizes = [_nbytes(o) for o in outs]
     if any(spill):
         node = _this_node()
-        outs = tuple(o if path is None else kept_spill.KeptFile(path, node, n)
-                     for o, path, n in zip(outs, spill, sizes, strict=True))
-        for path, o in zip(spill, out if num_outputs > 1 else (out,), strict=True):
-            if path is not None:
+        written = []
+        for o, path, n in zip(outs, spill, sizes, strict=True):
+            if path is None:
+                written.append(o)
+                continue
+            try:
                 reads[("kept-written", path)] = {"spill_written": kept_spill.write(path, o)}
-        sizes = [0 if path is not None else n for path, n in zip(spill, sizes, strict=True)]
+            except OSError:  # a full disk: this result stays in the object store
+                with contextlib.suppress(OSError):
+                    os.remove(f"{path}.{os.getpid()}.tmp")
+                written.append(o)
+                continue
+            written.append(kept_spill.KeptFile(path, node, n))
+        outs = tuple(written)
+        sizes = [0 if isinstance(o, kept_spill.KeptFile) else n for o, n in zip(outs, sizes, strict=True)]
     return (*outs, (_this_node(), tuple(sizes), in_bytes, _attempt(), reads))
 
 
@@ -805,7 +814,13 @@ class RayExecutor:
                 self._count_reads(plan, record[4])
             homes = []
         self._remove_results(plan, results, got)
-        kept: list[Any] = self._get(outs) if spill else outs  # KeptFiles: a few bytes each
+        kept: list[Any] = list(outs)
+        if spill:  # the KeptFiles (a few bytes each) of the results written to the spill
+            record = {plan.tasks[p].id: r for p, r in zip(self._recorded, got, strict=True)}
+            spilled = [i for i, o in enumerate(plan.outputs) if record[o.task][1][o.output] == 0]
+            for i, value in zip(spilled, self._get([outs[i] for i in spilled]), strict=True):
+                if isinstance(value, kept_spill.KeptFile):  # else it stayed in the store (a full disk)
+                    kept[i] = value
         for i, (block, o) in enumerate(zip(kept, plan.outputs, strict=True)):
             if isinstance(block, kept_spill.KeptFile):
                 self._kept_home[block] = (block.node, 0)

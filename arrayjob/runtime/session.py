@@ -100,6 +100,13 @@ class Session:
         self._peaks: dict[int, tuple[PhysicalPlan, tuple[bool, bool], tuple[int, ...], tuple[int, ...],
                                      frozenset[TaskResult]]] = {}
 
+    @property
+    def _spills(self) -> bool:
+        """Whether kept blocks and results may go to the nodes' spill: the executor can put
+        them there, and the budget's rates leave room on the nodes' disks (no rates: tests)."""
+        rates = self.budget.rates if self.budget is not None else None
+        return getattr(self.executor, "spills_kept", False) and (rates is None or rates.spill_capacity > 0)
+
     def residency(self, physical: PhysicalPlan, keeps: bool = False) -> Residency | None:
         """The planner's split of ``physical``'s blocks under the budget, given what earlier
         loads keep resident (``None`` without a budget). Raises ``BudgetError`` if a block
@@ -109,7 +116,7 @@ class Session:
             return None
         cluster = self.options.cluster
         left = self.budget.bytes - max(self._resident_bytes)
-        spilled = frozenset(physical.outputs) if keeps and getattr(self.executor, "spills_kept", False) \
+        spilled = frozenset(physical.outputs) if keeps and self._spills \
             else frozenset()
         return plan_residency(physical, cluster.nodes, max(0, left), repeats=self.budget.repeats,
                               rates=self.budget.rates, workers_per_node=cluster.workers_per_node, spilled=spilled)
@@ -137,7 +144,7 @@ class Session:
             # come back at every later program that reads it; but not results under a 16th of
             # the budget (or 1 MiB), whose files would cost more than the room they free
             spilled: frozenset[TaskResult] = frozenset()
-            if getattr(self.executor, "spills_kept", False):
+            if self._spills:
                 room = [max(0, self.budget.bytes - held) for held in self._resident_bytes]
                 spilled = spilled_results(physical, nodes, room,
                                           min_bytes=min(SPILL_RESULT_MIN_BYTES, self.budget.bytes // 16))
@@ -169,7 +176,7 @@ class Session:
         when the budget already streams inputs (the plan cannot size an object block, such as
         a graph block of SciPy matrices: 8 bytes an element to it), or when by the plan's
         sizes of them they would not fit beside what is resident on some node."""
-        if self.budget is None or not getattr(self.executor, "spills_kept", False):
+        if self.budget is None or not self._spills:
             return False
         if self._streamed or self._kept_spilled:
             return True
