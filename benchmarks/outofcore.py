@@ -59,7 +59,7 @@ SIZES = {"full": {"rows": 3_000_000, "cols": 64, "chunk_rows": 100_000, "store":
                    "graph_nodes": 1_000_000, "graph_edges": 12_000_000, "edge_chunk_rows": 500_000,
                    "graph_store": "80MB"}}
 ITERATIONS = {"logreg": 10, "kmeans": 10, "pagerank": 10}
-CASE_TIMEOUT = 900  # seconds: Ray's spilling on a full disk may stall rather than fail
+CASE_TIMEOUT = 600  # seconds: Ray's spilling on a full disk may stall rather than fail
 INPUT = {"logreg": "X.zarr", "kmeans": "X.zarr", "pagerank": "edges.zarr"}
 
 
@@ -107,9 +107,9 @@ def run_case(spec_path: Path, cwd: Path, sets: list[str], disk: str | None = Non
 
 def units_size(text: str) -> int:
     sys.path.insert(0, str(REPO))
-    from arrayjob.units import size
+    from arrayjob.units import parse_bytes
 
-    return size(text)
+    return parse_bytes(text)
 
 
 def dask_kmeans(x: Path, k: int, memory_limit: str) -> dict:
@@ -118,9 +118,12 @@ def dask_kmeans(x: Path, k: int, memory_limit: str) -> dict:
         import dask_ml  # noqa: F401
     except ImportError:
         return {"error": "dask-ml not installed (make bench installs it)"}
-    done = subprocess.run([sys.executable, str(HERE / "dask_kmeans.py"), str(x), "--k", str(k),
-                           "--iterations", str(ITERATIONS["kmeans"]), "--memory-limit", memory_limit],
-                          capture_output=True, text=True)
+    try:
+        done = subprocess.run([sys.executable, str(HERE / "dask_kmeans.py"), str(x), "--k", str(k),
+                               "--iterations", str(ITERATIONS["kmeans"]), "--memory-limit", memory_limit],
+                              capture_output=True, text=True, timeout=CASE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish in {CASE_TIMEOUT} s"}
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
     out = json.loads(done.stdout.strip().splitlines()[-1])
