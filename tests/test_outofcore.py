@@ -309,3 +309,27 @@ def test_kept_blocks_over_the_budget_are_spilled_admitted_as_room_allows_and_los
     finally:
         executor.close()
     assert not os.path.exists(executor._spill_dir)
+
+
+def test_a_result_that_cannot_be_written_to_the_spill_stays_in_the_store(tmp_path):
+    """A full disk (here: a spill path under a file, which no directory can be made in):
+    the task's result is returned as it is, and its record says it is in the store."""
+    import ray
+
+    from arrayjob.io.locations import StorageOptions
+    from arrayjob.planner.physical import Combine
+    from arrayjob.runtime import kept_spill
+    from arrayjob.runtime.ray_executor import _run_streaming
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    block = np.arange(12.0).reshape(3, 4)
+    good, bad = str(tmp_path / "spill" / "ok.bin"), str(blocker / "no.bin")
+    kept, record = ray.get(_run_streaming.options(num_returns=2).remote(
+        Combine("sum"), 1, StorageOptions(), (good,), block))
+    assert isinstance(kept, kept_spill.KeptFile) and record[1] == (0,)
+    np.testing.assert_array_equal(kept.read(), block)
+    stayed, record = ray.get(_run_streaming.options(num_returns=2).remote(
+        Combine("sum"), 1, StorageOptions(), (bad,), block))
+    np.testing.assert_array_equal(stayed, block)
+    assert record[1] == (block.nbytes,) and ("kept-written", bad) not in record[4]
