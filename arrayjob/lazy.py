@@ -111,9 +111,11 @@ def from_zarr(info: ArrayInfo, check: Kernel | None = None) -> BlockArray:
     return BlockArray(Op.SOURCE, (), info.shape, info.dtype, ops.Source(info, check))
 
 
-def cached(handle: str, shape: tuple[int, ...], dtype: str, block_shape: tuple[int, ...]) -> BlockArray:
-    """Blocks an executor keeps under ``handle`` (made by ``Session.persist``)."""
-    return BlockArray(Op.CACHED, (), shape, dtype, ops.Cached(handle, tuple(block_shape)))
+def cached(handle: str, shape: tuple[int, ...], dtype: str, block_shape: tuple[int, ...],
+           block_bytes: int | None = None) -> BlockArray:
+    """Blocks an executor keeps under ``handle`` (made by ``Session.persist``); ``block_bytes``
+    sizes a block where the dtype cannot (object blocks: PageRank's graph)."""
+    return BlockArray(Op.CACHED, (), shape, dtype, ops.Cached(handle, tuple(block_shape), block_bytes))
 
 
 def value(name: str, shape: tuple[int, ...], dtype: str = "float64") -> BlockArray:
@@ -315,14 +317,17 @@ def tensordot(a: BlockArray, b: BlockArray, axes: int | tuple[Sequence[int], Seq
 # job-supplied block functions and stored outputs --------------------------------------------
 
 
-def map_blocks(kernel: Kernel, *arrays: BlockArray, outputs: Sequence[tuple[tuple[int, ...], str, int | None]],
+def map_blocks(kernel: Kernel, *arrays: BlockArray,
+               outputs: Sequence[tuple[tuple[int, ...], str, int | None] | tuple[tuple[int, ...], str, int | None, int]],
                block_rows: Sequence[int | None] | None = None,
                cost: Callable[[Sequence[tuple[int, ...]]], Work] | None = None) -> tuple[BlockArray, ...]:
     """Apply ``kernel.fn`` to matching row blocks of ``arrays``; one lazy array per output.
 
     Input ``j`` is cut into row blocks of ``block_rows[j]`` rows (all inputs into the same
     number of blocks), or passed whole when ``block_rows`` is None. ``outputs`` declares each
-    result as (shape, dtype, rows per block — None for a whole, single-block result). The
+    result as (shape, dtype, rows per block — None for a whole, single-block result), and for
+    an object result the bytes of one of its blocks, which its dtype cannot tell the cost
+    model and the memory budget (PageRank's graph blocks: a CSR matrix each). The
     function returns a tuple when there are several outputs. Blocks are fixed by the job,
     so the planner never re-tiles these arrays (dask's ``map_blocks``, NumS's ``map``).
 
@@ -339,8 +344,9 @@ def map_blocks(kernel: Kernel, *arrays: BlockArray, outputs: Sequence[tuple[tupl
         if len(counts) != 1:
             raise ValueError(f"map_blocks {kernel.name}: inputs are not cut into the same number of blocks")
     return tuple(
-        BlockArray(Op.BLOCKWISE, tuple(arrays), shape, str(np.dtype(dtype)), ops.Blockwise(kernel, i, rows, out_rows))
-        for i, (shape, dtype, out_rows) in enumerate(outputs)
+        BlockArray(Op.BLOCKWISE, tuple(arrays), out[0], str(np.dtype(out[1])),
+                   ops.Blockwise(kernel, i, rows, out[2], out[3] if len(out) > 3 else None))  # type: ignore[misc]
+        for i, out in enumerate(outputs)
     )
 
 

@@ -58,7 +58,7 @@ SIZES = {"full": {"rows": 3_000_000, "cols": 64, "chunk_rows": 100_000, "store":
          "quick": {"rows": 300_000, "cols": 64, "chunk_rows": 10_000, "store": "80MB", "k": 8,
                    "graph_nodes": 1_000_000, "graph_edges": 12_000_000, "edge_chunk_rows": 500_000,
                    "graph_store": "80MB"}}
-ITERATIONS = {"logreg": 10, "kmeans": 10, "pagerank": 10}
+ITERATIONS = {"logreg": 10, "kmeans": 10, "pagerank": 30}
 CASE_TIMEOUT = 600  # seconds: Ray's spilling on a full disk may stall rather than fail
 INPUT = {"logreg": "X.zarr", "kmeans": "X.zarr", "pagerank": "edges.zarr"}
 

@@ -52,3 +52,21 @@ def test_a_block_whose_file_is_gone_says_so(tmp_path) -> None:
     kept = kept_spill.KeptFile(str(tmp_path / "gone.bin"), "a" * 56, 100)
     with pytest.raises(kept_spill.KeptBlockLost, match="not on this node"):
         kept.read()
+
+
+def test_a_worker_keeps_blocks_mapped_between_tasks_until_their_files_go(tmp_path) -> None:
+    cache = kept_spill._Mapped(limit=250)
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"{i}.bin"))
+        kept_spill.write(paths[-1], np.full(10, float(i)))
+    first = cache.get(paths[0], 100)
+    assert cache.get(paths[0], 100) is first  # mapped once, found again
+    cache.get(paths[1], 100)
+    cache.get(paths[2], 100)  # over the limit: the least recently used goes
+    assert list(cache.blocks) == paths[1:] and cache.bytes == 200
+    (tmp_path / "1.bin").unlink()
+    cache.get(paths[2], 100)  # a block whose file is gone is dropped at the next read
+    assert list(cache.blocks) == paths[2:] and cache.bytes == 100
+    with pytest.raises(FileNotFoundError):
+        cache.get(paths[1], 100)

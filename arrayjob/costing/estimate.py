@@ -24,7 +24,7 @@ from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, network_seconds, physical_cost
-from arrayjob.planner.physical import PhysicalPlan, SourceBlock
+from arrayjob.planner.physical import CachedBlock, PhysicalPlan, SourceBlock
 from arrayjob.planner.pipeline import budget_block_target, make_plan
 from arrayjob.planner.placement import placed_tree_tasks
 from arrayjob.planner.plan import ClusterShape, PlanOptions
@@ -91,6 +91,7 @@ class Estimate:
     memory_warning: str = ""
     budget_bytes: int = 0  # per node ([cluster] memory_budget)
     residencies: list[Residency] = field(default_factory=list)
+    kept_streamed_per_iteration: int = 0  # kept blocks (``Pass.keeps``) read back from the spill each iteration
     nodes_added: int = 0  # of ``nodes``, those the autoscaler must start for the job
     node_startup_seconds: float = 0.0  # what starting one takes (they start together)
 
@@ -161,8 +162,8 @@ class Estimate:
 
     @property
     def reread_per_iteration(self) -> int:
-        """Input bytes brought back each iteration (from storage or the spill)."""
-        return sum(r.streamed_bytes for r in self.residencies if r.repeats > 1)
+        """Input and kept bytes brought back each iteration (from storage or the spill)."""
+        return sum(r.streamed_bytes for r in self.residencies if r.repeats > 1) + self.kept_streamed_per_iteration
 
     @property
     def reread_seconds_per_iteration(self) -> float:
@@ -330,6 +331,11 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     spill_node = [0] * nodes
     source_of_stream = "bucket"
     read_before: set[tuple[str, SourceBlock]] = set()
+    # kept arrays in the spill (Session.persist under a budget that streams inputs): their
+    # handles; none is counted as read back into the store (the runtime admits those that
+    # fit beside the resident blocks, so this is where they are when none do)
+    kept_spilled: set[str] = set()
+    kept_streamed_per_iteration = 0
     for p in declared.passes:
         plan = make_plan(capture(list(p.program.values())), options)
         assert plan.physical is not None and plan.cost is not None
@@ -353,10 +359,20 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                     resident[key[b]] = (block_homes[b], residency.block_bytes[b])
                     resident_bytes[block_homes[b]] += residency.block_bytes[b]
         # results that would not fit beside the resident blocks go to the spill (Session._make_room)
+        spills = (resident or read_before) and rates.spill_capacity > 0
         spilled_results_here = spilled_results(
             physical, nodes, [max(0, budget - r) for r in resident_bytes],
-            min_bytes=min(SPILL_RESULT_MIN_BYTES, budget // 16)) \
-            if (resident or read_before) and rates.spill_capacity > 0 else frozenset()
+            min_bytes=min(SPILL_RESULT_MIN_BYTES, budget // 16)) if spills else frozenset()
+        if p.keeps is not None and rates.spill_capacity > 0 and (read_before or kept_spilled or any(
+                r.streams for r in residencies)):  # kept in the spill, as Session._spills_kept decides
+            spilled_results_here |= frozenset(physical.outputs)
+            kept_spilled.update(f"{p.keeps}:{name}" for name in p.program)
+        kept_uses = [a for t in physical.tasks for a in dict.fromkeys(t.args)
+                     if isinstance(a, CachedBlock) and a.handle in kept_spilled]
+        if kept_uses:  # each use maps its block from the spill
+            stage.spill_bytes_read += runs * sum(a.nbytes for a in kept_uses)
+            if p.runs.per_iteration:
+                kept_streamed_per_iteration += sum(a.nbytes for a in kept_uses)
         if residency is None and resident:  # a later program: resident blocks make room for its intermediates
             dropped = demotions([(k, n, nb) for k, (n, nb) in resident.items()], budget,
                                 intermediate_peak(physical, nodes, spilled=spilled_results_here))
@@ -475,7 +491,9 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.peak_bytes_per_node = [max(q[i] for q in peaks[name]) for i in range(len(peaks[name][0]))] \
             if peaks[name] else []
     result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source,
-                      budget_bytes=budget, residencies=residencies, nodes_added=max(0, min(nodes, nodes_added)),
+                      budget_bytes=budget, residencies=residencies,
+                      kept_streamed_per_iteration=kept_streamed_per_iteration,
+                      nodes_added=max(0, min(nodes, nodes_added)),
                       node_startup_seconds=node_startup_seconds(spec, instance) if nodes_added > 0 else 0.0)
     result.memory_warning = memory_warning(result.peak_bytes_per_node, instance)
     return result

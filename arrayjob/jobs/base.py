@@ -38,12 +38,15 @@ EACH_ITERATION = Runs(once=0, per_iteration=1)
 @dataclass(frozen=True)
 class Pass:
     """One program a job runs: its name (how ``run`` asks for it), the stage of the run it
-    runs in (the report's ``load``, ``fit``, …) and how many times."""
+    runs in (the report's ``load``, ``fit``, …) and how many times; ``keeps``, the handle
+    ``Session.persist`` keeps its outputs under, if it does (later passes read them as
+    ``lazy.cached("<keeps>:<output>")``)."""
 
     name: str
     stage: str
     program: Mapping[str, BlockArray]
     runs: Runs = ONCE
+    keeps: str | None = None
 
 
 @dataclass(frozen=True)

@@ -335,7 +335,8 @@ class PageRank(Job):
                                            cost=GraphWork("split"))
         (graph,) = la.map_blocks(Kernel("build_csr_block", BuildBlock(n, block, chunk)),
                                  la.value("block_ids", (blocks,), "int64"), edges, offsets,
-                                 outputs=[((blocks, 1), "object", 1)], block_rows=[1, None, None],
+                                 outputs=[((blocks, 1), "object", 1, self._graph_block_bytes(n, blocks))],
+                                 block_rows=[1, None, None],
                                  cost=GraphWork("build", self._edges_per_block(blocks)))
         return {"graph": graph}, block
 
@@ -346,21 +347,34 @@ class PageRank(Job):
         id range; without ``params.n_nodes`` a plan assumes as many nodes as edges."""
         n = self._nodes_for_planning() if n_nodes is None else n_nodes
         build, block = self._build(n, workers)
-        built, scaled = self._kept(BUILT, build["graph"]), self._kept(SCALED, build["graph"])
+        blocks = build["graph"].shape[0]
+        built = self._kept(BUILT, build["graph"], self._graph_block_bytes(n, blocks))
+        scaled = self._kept(SCALED, build["graph"], self._graph_block_bytes(n, blocks, scaled=True))
         counts = () if self.csr else (Pass("count", "load", self._count_program(n)),)
         return StagePlan((
             Pass("id_range", "load", self._id_range_program()),
             *counts,
-            Pass("build", "load", build),
+            Pass("build", "load", build, keeps=BUILT),
             Pass("degree", "load", self._degree_program(built, n)),
-            Pass("scale", "load", self._scale_program(built, n)),
+            Pass("scale", "load", self._scale_program(built, n), keeps=SCALED),
             Pass("iterate", "fit", self._iteration(scaled, n, block), EACH_ITERATION),
         ))
 
     @staticmethod
-    def _kept(handle: str, graph: la.BlockArray) -> la.BlockArray:
+    def _kept(handle: str, graph: la.BlockArray, block_bytes: int) -> la.BlockArray:
         """The graph as ``Session.persist(..., handle=handle)`` keeps it: one block per row."""
-        return la.cached(f"{handle}:graph", graph.shape, "object", (1, 1))
+        return la.cached(f"{handle}:graph", graph.shape, "object", (1, 1), block_bytes)
+
+    def _graph_block_bytes(self, n: int, blocks: int, scaled: bool = False) -> int:
+        """The bytes of one block of Aᵀ, for the cost model and the memory budget (an object
+        block's dtype cannot say): a CSR matrix of the block's edges (every edge counted, so
+        an upper bound where edges repeat), float64 values and SciPy's index type (32 bits
+        while the ids and the nonzeros fit), its row pointers, and once scaled the block's
+        dangling-target mask."""
+        rows = math.ceil(n / max(1, blocks))
+        edges = math.ceil(self._edge_array.shape[0] / max(1, blocks))
+        index = 4 if max(n, edges) <= np.iinfo(np.int32).max else 8
+        return edges * (8 + index) + (rows + 1) * index + (rows if scaled else 0)
 
     def _count_program(self, n: int) -> dict[str, la.BlockArray]:
         e = self._edge_array
@@ -384,7 +398,9 @@ class PageRank(Job):
     def _scale_program(self, graph: la.BlockArray, n: int) -> dict[str, la.BlockArray]:
         (scaled,) = la.map_blocks(Kernel("scale_by_out_degree", scale_block), graph,
                                   la.value("inverse_degree", (n,)), la.value("dangling", (n,), "bool"),
-                                  outputs=[(graph.shape, "object", 1)], block_rows=[1, None, None],
+                                  outputs=[(graph.shape, "object", 1,
+                                            self._graph_block_bytes(n, graph.shape[0], scaled=True))],
+                                  block_rows=[1, None, None],
                                   cost=GraphWork("scale", self._edges_per_block(graph.shape[0])))
         return {"graph": scaled}
 
@@ -434,8 +450,10 @@ class PageRank(Job):
             inverse = np.where(dangling, 0.0, 1.0 / np.where(dangling, 1.0, outdeg))
             graph = ctx.session.persist(plan["scale"], {"inverse_degree": inverse, "dangling": dangling},
                                         handle=SCALED)
-            for handle, arrays in ((BUILT, kept), (SCALED, graph)):  # as the declared programs read them
-                declared = self._kept(handle, arrays["graph"])
+            blocks = kept["graph"].shape[0]
+            for handle, arrays, nbytes in ((BUILT, kept, self._graph_block_bytes(n, blocks)),
+                                           (SCALED, graph, self._graph_block_bytes(n, blocks, scaled=True))):
+                declared = self._kept(handle, arrays["graph"], nbytes)  # as the declared programs read them
                 assert arrays["graph"].attrs == declared.attrs, (arrays["graph"].attrs, declared.attrs)
             ctx.session.release(kept)
             saved = ctx.checkpoints.restore()  # the rank vector after an iteration (in the new numbering)

@@ -95,7 +95,8 @@ class _Lowering:
             grid = self.grids[node]
             self.blocks[node] = {
                 idx: CachedBlock(attrs.handle, k, tuple(b - a for a, b in _block_selection(grid, idx)),
-                                 _nbytes(_block_selection(grid, idx), n.dtype))
+                                 attrs.block_bytes if attrs.block_bytes is not None
+                                 else _nbytes(_block_selection(grid, idx), n.dtype))
                 for k, idx in enumerate(sorted(grid.indices()))
             }
         elif isinstance(attrs, ops.Value):
@@ -265,14 +266,16 @@ class _Lowering:
                     if rows:
                         sel[0] = (i * rows, min((i + 1) * rows, shape[0]))
                     args.append(self.block_for(u, tuple(sel)))
-                shapes = []
+                shapes, nbytes = [], []
                 for o in range(max(by_output) + 1):
                     m = by_output[o][1] if o in by_output else n
                     r = m.attrs.out_rows
                     shapes.append((min(r, m.shape[0] - i * r), *m.shape[1:]) if r else m.shape)
+                    declared = m.attrs.out_block_bytes
+                    nbytes.append(declared if declared is not None
+                                  else math.prod(shapes[-1]) * np.dtype(m.dtype).itemsize)
                 task = Task(f"{fn.name}#{k}[{i}]", fn, tuple(args), num_outputs=len(shapes),
-                            out_shapes=tuple(shapes),
-                            out_bytes=tuple(math.prod(sh) * np.dtype(n.dtype).itemsize for sh in shapes))
+                            out_shapes=tuple(shapes), out_bytes=tuple(nbytes))
                 self.tasks.append(task)
                 ids.append(task.id)
             self.blockwise_tasks[key] = ids

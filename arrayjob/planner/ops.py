@@ -103,6 +103,7 @@ class Const:
 class Cached:
     handle: str
     block_shape: tuple[int, ...]
+    block_bytes: int | None = None  # one block's bytes where the dtype cannot say (object blocks)
 
     def label(self) -> str:
         return self.handle
@@ -154,6 +155,7 @@ class Blockwise:
     output: int
     in_rows: tuple[int | None, ...] | None  # rows per block of each input; None: whole inputs
     out_rows: int | None  # rows per block of this output; None: one whole block
+    out_block_bytes: int | None = None  # one block's bytes where the dtype cannot say (object blocks)
 
     def label(self) -> str:
         return f"{self.kernel.name}[{self.output}]"

@@ -19,10 +19,12 @@ import mmap
 import os
 import pickle
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 ALIGN = 64
+MAPPED_BYTES = 2**30  # kept blocks a worker process keeps mapped between its tasks
 _HEADER = struct.Struct("<8sQQ")  # magic, pickle bytes, buffers
 _LENGTH = struct.Struct("<Q")
 MAGIC = b"AJKEPT01"
@@ -42,10 +44,40 @@ class KeptFile:
 
     def read(self) -> Any:
         try:
-            return read(self.path)
+            return _mapped.get(self.path, self.nbytes)
         except FileNotFoundError:
             raise KeptBlockLost(f"kept block {os.path.basename(self.path)} is not on this node "
                                 f"(it was spilled on node {self.node[:12]})") from None
+
+
+class _Mapped:
+    """The kept blocks this worker process has mapped, kept between its tasks: an iterative
+    job's next task on the same block finds it mapped and its pages faulted in already
+    (the page cache's, shared, not the process's own memory), up to ``MAPPED_BYTES``, the
+    least recently used dropped first. A block whose file is gone (released, or the job's
+    spill removed) is dropped at the next read, so its pages are not held past it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.blocks: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, path: str, nbytes: int) -> Any:
+        for held in [p for p in self.blocks if p != path and not os.path.exists(p)]:
+            self.bytes -= self.blocks.pop(held)[1]
+        if path in self.blocks and os.path.exists(path):
+            self.blocks.move_to_end(path)
+            return self.blocks[path][0]
+        obj = read(path)
+        if nbytes <= self.limit:
+            self.blocks[path] = (obj, nbytes)
+            self.bytes += nbytes
+            while self.bytes > self.limit:
+                self.bytes -= self.blocks.popitem(last=False)[1][1]
+        return obj
+
+
+_mapped = _Mapped(MAPPED_BYTES)
 
 
 def _padding(offset: int) -> int:

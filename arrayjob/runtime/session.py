@@ -14,7 +14,7 @@ import numpy as np
 
 from arrayjob.lazy import BlockArray, bound_values, cached, capture
 from arrayjob.planner.lower import assemble_outputs
-from arrayjob.planner.ops import Cached, Value
+from arrayjob.planner.ops import Blockwise, Cached, Value
 from arrayjob.planner.physical import PhysicalPlan, SourceBlock, TaskResult
 from arrayjob.planner.pipeline import Planner
 from arrayjob.planner.plan import Plan, PlanOptions
@@ -311,7 +311,8 @@ class Session:
             array_handle = f"{handle}:{name}"
             self.executor.alias(array_handle, handle, range(position, position + len(out.blocks)))
             position += len(out.blocks)
-            kept[name] = cached(array_handle, node.shape, node.dtype, plan.grid(out.node).block_shape)
+            declared = node.attrs.out_block_bytes if isinstance(node.attrs, Blockwise) else None
+            kept[name] = cached(array_handle, node.shape, node.dtype, plan.grid(out.node).block_shape, declared)
         self.executor.release(handle)  # the per-array names hold the blocks now
         if spill:
             for array in kept.values():
