@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -171,23 +171,28 @@ class Session:
             self.executor.demote({k for k in dropped if not isinstance(k, _Kept)})  # type: ignore[misc]
         return spilled
 
+    def _bytes_by_node(self, physical: PhysicalPlan, results: Iterable[TaskResult]) -> list[int]:
+        """The plan's bytes of ``results``, on the nodes that make them."""
+        nodes = len(self._resident_bytes)
+        made = {t.id: ((t.node if t.node is not None else i) % nodes, t.out_bytes) for i, t in enumerate(physical.tasks)}
+        held = [0] * nodes
+        for result in results:
+            node, sizes = made[result.task]
+            held[node] += sizes[result.output] if result.output < len(sizes) else 0
+        return held
+
     def _spills_kept(self, physical: PhysicalPlan) -> bool:
         """Under a budget: whether ``physical``'s results, kept, go to the spill first. They do
-        when the budget already streams inputs (the plan cannot size an object block, such as
-        a graph block of SciPy matrices: 8 bytes an element to it), or when by the plan's
-        sizes of them they would not fit beside what is resident on some node."""
+        when the budget already streams inputs (it has no room to spare, and a job's size of
+        an object block is its own estimate), or when by the plan's sizes of them they would
+        not fit beside what is resident on some node."""
         if self.budget is None or not self._spills:
             return False
         if self._streamed or self._kept_spilled:
             return True
-        nodes = len(self._resident_bytes)
-        need = [0] * nodes
-        producers = {t.id: (t.node if t.node is not None else i) % nodes for i, t in enumerate(physical.tasks)}
-        sizes = {t.id: t.out_bytes for t in physical.tasks}
-        for out in physical.outputs:
-            task_bytes = sizes[out.task]
-            need[producers[out.task]] += task_bytes[out.output] if out.output < len(task_bytes) else 0
-        return any(self._resident_bytes[n] + self._reserve[n] + need[n] > self.budget.bytes for n in range(nodes))
+        need = self._bytes_by_node(physical, physical.outputs)
+        return any(held + reserve + n > self.budget.bytes
+                   for held, reserve, n in zip(self._resident_bytes, self._reserve, need, strict=True))
 
     def _admit_kept(self) -> None:
         """Bring spilled kept blocks into memory where the budget has room for them beside what
@@ -320,15 +325,9 @@ class Session:
                 self._kept_spilled[name] = [s or (0, 0) for s in self.executor.kept_sizes(name)]
             self._admit_kept()
         elif self.budget is not None:  # in memory, as the plan sizes them: they take the budget's room
-            nodes = len(self._resident_bytes)
-            producers = {t.id: ((t.node if t.node is not None else i) % nodes, t.out_bytes)
-                         for i, t in enumerate(plan.physical.tasks)}
             results = iter(plan.physical.outputs)  # the blocks of each kept array, in turn
             for array, out in zip(kept.values(), plan.assembly, strict=True):
-                held = [0] * nodes
-                for result in itertools.islice(results, len(out.blocks)):
-                    node, sizes = producers[result.task]
-                    held[node] += sizes[result.output] if result.output < len(sizes) else 0
+                held = self._bytes_by_node(plan.physical, itertools.islice(results, len(out.blocks)))
                 self._kept_held[array.attrs.handle] = held  # type: ignore[union-attr]
                 self._resident_bytes = [a + b for a, b in zip(self._resident_bytes, held, strict=True)]
         return kept
