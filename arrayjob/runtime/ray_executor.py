@@ -338,7 +338,7 @@ class RayExecutor:
         # where a kept block is, and its bytes in the object store (0 for a KeptFile)
         self._kept_home: dict[Any, tuple[str, int]] = {}
         self._kept_file: dict[ray.ObjectRef, kept_spill.KeptFile] = {}  # admitted: the file it came from
-        self._kept_spilled = False  # kept blocks or results were written to the spill
+        self._spill_used = False  # kept blocks or results were written to the spill (close removes it)
         self._recorded: list[int] = []
         # nodes: seen alive (at the start or since), lost; held blocks whose home was lost
         self._seen: set[str] = set(node_ids)
@@ -607,7 +607,7 @@ class RayExecutor:
 
     def close(self) -> None:
         """Remove this executor's spill of streamed and kept blocks, on every node."""
-        if not any(self._stream.values()) and not self._kept_spilled:
+        if not any(self._stream.values()) and not self._spill_used:
             return
         waits = []
         for node in self.node_order if self.node_ids else []:
@@ -746,7 +746,7 @@ class RayExecutor:
         """A file in this executor's spill for each of ``results``, by task: a path per result."""
         if not results:
             return {}
-        self._kept_spilled = True
+        self._spill_used = True
         outputs = {t.id: t.num_outputs for t in plan.tasks}
         writes: dict[str, list[str | None]] = {}
         for r in sorted(results, key=lambda r: (r.task, r.output)):
