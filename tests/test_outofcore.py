@@ -283,7 +283,7 @@ def test_kept_blocks_over_the_budget_are_spilled_admitted_as_room_allows_and_los
         # X is resident, and by the plan's sizes the program's results fit beside it: kept
         # in memory as without a budget, and counted against it
         twice = session.persist({"k": x * 2.0})
-        assert spilled(twice) == 0 and session._resident_bytes == [2 * X.nbytes]
+        assert spilled(twice) == 0 and session.memory.resident_bytes == [2 * X.nbytes]
         # no room left: the results go to the spill, each used from its file
         thrice = session.persist({"k": x * 3.0})
         assert spilled(thrice) == 12
@@ -294,7 +294,7 @@ def test_kept_blocks_over_the_budget_are_spilled_admitted_as_room_allows_and_los
         session.release(twice)
         # the room it leaves is taken, less what the sum's intermediates need: read into memory
         admitted = 12 - spilled(thrice)
-        assert admitted >= 10 and session._resident_bytes[0] <= budget
+        assert admitted >= 10 and session.memory.resident_bytes[0] <= budget
         again = session.compute({"s": la.sum(thrice["k"], axis=0)})
         np.testing.assert_array_equal(again["s"], out["s"])
         assert executor.metrics.streaming.spill_bytes_read < 2 * read  # the spilled blocks' uses, and the admission

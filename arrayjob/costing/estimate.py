@@ -22,21 +22,15 @@ import numpy as np
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
+from arrayjob.io.locations import ArrayInfo
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, network_seconds, physical_cost
-from arrayjob.planner.physical import CachedBlock, PhysicalPlan, SourceBlock
+from arrayjob.planner.memory import KeptBlock, MemoryBudget, MemoryModel, StoredKey
+from arrayjob.planner.physical import CachedBlock, SourceBlock
 from arrayjob.planner.pipeline import budget_block_target, make_plan
-from arrayjob.planner.placement import placed_tree_tasks
 from arrayjob.planner.plan import ClusterShape, PlanOptions
-from arrayjob.planner.residency import (
-    SPILL_RESULT_MIN_BYTES,
-    Residency,
-    StreamRates,
-    demotions,
-    intermediate_peak,
-    plan_residency,
-    spilled_results,
-)
+from arrayjob.planner.residency import Residency, StreamRates, intermediate_peak
+from arrayjob.planner.schedule import makespan
 from arrayjob.units import size
 
 STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
@@ -92,6 +86,7 @@ class Estimate:
     budget_bytes: int = 0  # per node ([cluster] memory_budget)
     residencies: list[Residency] = field(default_factory=list)
     kept_streamed_per_iteration: int = 0  # kept blocks (``Pass.keeps``) read back from the spill each iteration
+    memory: MemoryModel | None = field(default=None, repr=False)  # its decisions, program by program
     nodes_added: int = 0  # of ``nodes``, those the autoscaler must start for the job
     node_startup_seconds: float = 0.0  # what starting one takes (they start together)
 
@@ -191,7 +186,7 @@ class Estimate:
 
 def _seconds(stage: StageEstimate, profile: MachineProfile, cluster: ClusterShape) -> float:
     """Storage and network time, and compute as if it spread evenly over the workers (the
-    fit and load stages replace that with the schedule's length: see ``_makespan``)."""
+    fit and load stages replace that with the schedule's length: ``planner.schedule``)."""
     workers, nodes = cluster.workers, cluster.nodes
     storage = (stage.bytes_read / (profile.storage_read_bytes_per_s * nodes)
                + stage.get_requests * profile.request_seconds / (STORAGE_CONCURRENCY * nodes)
@@ -205,52 +200,19 @@ def _seconds(stage: StageEstimate, profile: MachineProfile, cluster: ClusterShap
     return storage + compute + overhead + network
 
 
-def _makespan(items: list[tuple[int, float]], cluster: ClusterShape) -> float:
-    """How long tasks of ``(node, seconds)``, in plan order, take when each node hands its
-    next task to its least-busy worker: a few big blocks on more workers than blocks, or
-    an odd block count, leave workers idle, which an even spread would not show."""
-    free = [[0.0] * max(1, cluster.workers_per_node) for _ in range(max(1, cluster.nodes))]
-    for node, seconds in items:
-        workers = free[node % len(free)]
-        i = min(range(len(workers)), key=workers.__getitem__)
-        workers[i] += seconds
-    return max((max(w) for w in free), default=0.0)
-
-
 def _compute_seconds(cost: Any, profile: MachineProfile, cluster: ClusterShape) -> float:
     """One run of a plan: its tasks' compute, each work kind at its rate, scheduled."""
-    return _makespan([(node, touched / profile.memory_bytes_per_s + profile.task_overhead_seconds
-                       + sum(amount / profile.rate(kind) for kind, amount in work.items()))
-                      for node, touched, work in cost.task_work], cluster)
+    return makespan([(node, touched / profile.memory_bytes_per_s + profile.task_overhead_seconds
+                      + sum(amount / profile.rate(kind) for kind, amount in work.items()))
+                     for node, touched, work in cost.task_work], cluster.nodes, cluster.workers_per_node)
 
 
 def _read_seconds(reads: list[tuple[int, int]], profile: MachineProfile, cluster: ClusterShape) -> float:
     """Reading stored blocks ``(node, bytes)``, one task per block on the node that first uses
     it; the node's read rate is shared by its workers."""
     per_worker = profile.storage_read_bytes_per_s / max(1, cluster.workers_per_node)
-    return _makespan([(node, nbytes / per_worker + profile.task_overhead_seconds)
-                      for node, nbytes in reads], cluster)
-
-
-def _block_homes(physical: PhysicalPlan, nodes: int) -> dict[SourceBlock, int]:
-    homes: dict[SourceBlock, int] = {}
-    for i, task in enumerate(physical.tasks):
-        for arg in task.args:
-            if isinstance(arg, SourceBlock):
-                homes.setdefault(arg, (task.node if task.node is not None else i) % nodes)
-    return homes
-
-
-def _block_bytes(physical: PhysicalPlan, block: SourceBlock) -> int:
-    source = physical.source(block.array)
-    return math.prod(s.stop - s.start for s in source.grid.selection(block.index)) * \
-        np.dtype(source.array.dtype).itemsize
-
-
-def _block_requests(physical: PhysicalPlan, block: SourceBlock) -> int:
-    source = physical.source(block.array)
-    return math.prod(math.ceil(s.stop / c) - s.start // c
-                     for s, c in zip(source.grid.selection(block.index), source.array.chunks, strict=True))
+    return makespan([(node, nbytes / per_worker + profile.task_overhead_seconds)
+                     for node, nbytes in reads], cluster.nodes, cluster.workers_per_node)
 
 
 def stream_rates(profile: MachineProfile) -> StreamRates:
@@ -292,6 +254,12 @@ def node_startup_seconds(spec: Any, instance: Instance) -> float:
     return DEFAULT_NODE_STARTUP_SECONDS
 
 
+def estimate_cluster(nodes: int, instance: Instance, profile: MachineProfile) -> ClusterShape:
+    """The cluster an estimate plans for: ``nodes`` × ``instance``, at ``profile``'s rates."""
+    return ClusterShape(nodes=nodes, workers_per_node=max(1, instance.vcpus),
+                        memory_per_node=int(instance.memory_gib * 2**30), **profile.placement_rates())
+
+
 def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices: PriceTable,
                  profile: MachineProfile, iterations: int | None = None, store_bytes: int | None = None,
                  rates: StreamRates | None = None, nodes_added: int = 0) -> Estimate:
@@ -301,8 +269,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     (``node_startup_seconds``), and pays for them meanwhile.
 
     Raises ``BudgetError`` when a block cannot fit the budget even streamed."""
-    cluster = ClusterShape(nodes=nodes, workers_per_node=max(1, instance.vcpus),
-                           memory_per_node=int(instance.memory_gib * 2**30), **profile.placement_rates())
+    cluster = estimate_cluster(nodes, instance, profile)
     budget = budget_bytes(spec, instance, store_bytes)
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
                           placement=spec.planner.placement, cluster=cluster)
@@ -323,89 +290,71 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     sources_seen: set[object] = set()
     homes: dict[BlockKey, tuple[int, int]] = {}
     peaks: dict[str, list[list[int]]] = {name: [] for name in by_stage}
-    residencies: list[Residency] = []
-    # kept in the store: (URI, block) -> (node, bytes), in the order admitted
-    resident: dict[tuple[str, SourceBlock], tuple[int, int]] = {}
-    resident_bytes = [0] * nodes
-    demoted: set[tuple[str, SourceBlock]] = set()  # resident until a later program needed the room
-    spill_node = [0] * nodes
+    # what stays in memory, streams and goes to the spill: the run's own model (a Ray executor
+    # can spill kept blocks and results), fed the declared passes in the order they run
+    memory = MemoryModel(MemoryBudget(budget, assumed, rates), cluster, spills=True)
+    demoted: set[StoredKey] = set()  # resident until a later program needed the room: read from storage
+    read_before: set[StoredKey] = set()
     source_of_stream = "bucket"
-    read_before: set[tuple[str, SourceBlock]] = set()
-    # kept arrays in the spill (Session.persist under a budget that streams inputs): their
-    # handles; none is counted as read back into the store (the runtime admits those that
-    # fit beside the resident blocks, so this is where they are when none do)
-    kept_spilled: set[str] = set()
     kept_streamed_per_iteration = 0
+    # where a run creates the arrays the workers write (an estimate creates nothing)
+    targets = {name: ArrayInfo(name, spec.output.join("result.zarr").join(name), w.shape, w.dtype, w.chunks, 3)
+               for p in declared.passes for name, w in p.writes.items()}
     for p in declared.passes:
-        plan = make_plan(capture(list(p.program.values())), options)
+        program = p.writing(targets, spec.storage) if p.writes else p.program
+        plan = make_plan(capture(list(program.values())), options)
         assert plan.physical is not None and plan.cost is not None
         physical = plan.physical
         # stored blocks stay where the first program read them, for the job (see physical_cost)
         cost = physical_cost(physical, nodes, homes)
         fresh = [s for s in physical.sources if s.array.uri not in sources_seen]
         stage, runs = by_stage[p.stage], p.runs.times(assumed)
-        residency = None
-        if fresh:  # the pass that reads them first decides which stay (as Session.load does)
-            residency = plan_residency(physical, nodes, max(0, budget - max(resident_bytes)), repeats=assumed,
-                                       rates=rates, workers_per_node=cluster.workers_per_node)
-            residencies.append(residency)
-            if residency.streams:
-                source_of_stream = residency.source
-        block_homes = _block_homes(physical, nodes)
+        decided = memory.run(physical, keeps=p.keeps is not None)
+        if p.keeps is not None:  # kept by the plan's sizes of them (a run: what its workers wrote)
+            memory.keep(physical, [(f"{p.keeps}:{name}", len(out.blocks))
+                                   for name, out in zip(p.program, plan.assembly, strict=True)], decided)
+        for handle in p.releases:
+            memory.release(f"{handle}:{name}" for q in declared.passes if q.keeps == handle for name in q.program)
+        residency = decided.residency if fresh else None
+        if residency is not None and residency.streams:
+            source_of_stream = residency.source
+        block_homes = physical.block_homes(nodes)
         key = {b: (physical.source(b.array).array.uri, b) for b in block_homes}
-        if residency is not None:
-            for b in sorted(residency.resident, key=lambda b: (b.array, b.index)):
-                if key[b] not in resident:
-                    resident[key[b]] = (block_homes[b], residency.block_bytes[b])
-                    resident_bytes[block_homes[b]] += residency.block_bytes[b]
-        # results that would not fit beside the resident blocks go to the spill (Session._make_room)
-        spills = (resident or read_before) and rates.spill_capacity > 0
-        spilled_results_here = spilled_results(
-            physical, nodes, [max(0, budget - r) for r in resident_bytes],
-            min_bytes=min(SPILL_RESULT_MIN_BYTES, budget // 16)) if spills else frozenset()
-        if p.keeps is not None and rates.spill_capacity > 0 and (read_before or kept_spilled or any(
-                r.streams for r in residencies)):  # kept in the spill, as Session._spills_kept decides
-            spilled_results_here |= frozenset(physical.outputs)
-            kept_spilled.update(f"{p.keeps}:{name}" for name in p.program)
-        kept_uses = [a for t in physical.tasks for a in dict.fromkeys(t.args)
-                     if isinstance(a, CachedBlock) and a.handle in kept_spilled]
+        demoted |= decided.demoted  # the runtime reads these from storage
+        read_before |= decided.demoted
+        kept_uses = [a for t in physical.tasks for a in dict.fromkeys(t.args) if isinstance(a, CachedBlock)
+                     and KeptBlock(a.handle, a.position) in decided.kept_from_spill]
         if kept_uses:  # each use maps its block from the spill
             stage.spill_bytes_read += runs * sum(a.nbytes for a in kept_uses)
             if p.runs.per_iteration:
                 kept_streamed_per_iteration += sum(a.nbytes for a in kept_uses)
-        if residency is None and resident:  # a later program: resident blocks make room for its intermediates
-            dropped = demotions([(k, n, nb) for k, (n, nb) in resident.items()], budget,
-                                intermediate_peak(physical, nodes, spilled=spilled_results_here))
-            for k in dropped:
-                node, nbytes = resident.pop(k)  # type: ignore[call-overload]
-                resident_bytes[node] -= nbytes
-                read_before.add(k)  # type: ignore[arg-type]
-                demoted.add(k)  # type: ignore[arg-type]  # the runtime reads these from storage
         # every task reads the streamed blocks it uses, each run
         uses = Counter(b for t in physical.tasks for b in dict.fromkeys(t.args)
-                       if isinstance(b, SourceBlock) and key[b] not in resident)
-        if residency is not None and not residency.streams and not read_before:
-            uses.clear()  # everything fits: read once in load, as before
+                       if isinstance(b, SourceBlock) and b in decided.streamed)
         if fresh:  # stored blocks are read once, by one task each, then kept for the job
             # or written to their node's spill, if streamed from there (the runtime's load does)
             spilled = {b for b in block_homes if residency is not None and residency.source == "spill"
                        and b in residency.streamed}
-            first = [b for b in block_homes if key[b] in resident or b in spilled]
-            seconds["load"] += _read_seconds([(block_homes[b], _block_bytes(physical, b)) for b in first],
+            first = [b for b in block_homes if key[b] in memory.resident or b in spilled]
+            seconds["load"] += _read_seconds([(block_homes[b], physical.block_bytes(b)) for b in first],
                                              profile, cluster)
             for b in first:
-                load.bytes_read += _block_bytes(physical, b)
-                load.get_requests += _block_requests(physical, b)
+                load.bytes_read += physical.block_bytes(b)
+                load.get_requests += physical.block_requests(b)
             load.tasks += len(first)
             read_before.update(key[b] for b in spilled)
             sources_seen.update(s.array.uri for s in fresh)
         run_seconds = _compute_seconds(cost, profile, cluster)
+        held = decided.intermediate_peak or intermediate_peak(
+            physical, nodes, spilled=decided.spilled_results | (frozenset(physical.outputs)
+                                                                if decided.kept_to_spill else frozenset()))
+        with_resident = [i + r for i, r in zip(held, decided.resident_bytes, strict=True)]
         if uses:
             # each run reads its streamed blocks, overlapped with the resident ones' compute:
             # a block's first read from storage, then (from the spill, if planned) again at each use
-            first_node, again_node = [0] * nodes, [0] * nodes
+            first_node, again_node, spill_node = [0] * nodes, [0] * nodes, [0] * nodes
             for b, count in uses.items():
-                nbytes, requests = _block_bytes(physical, b), _block_requests(physical, b)
+                nbytes, requests = physical.block_bytes(b), physical.block_requests(b)
                 reads = runs * count
                 if key[b] not in read_before:
                     read_before.add(key[b])
@@ -422,19 +371,14 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                     stage.get_requests += reads * requests
                     stage.bytes_reread += reads * nbytes
                     stage.reread_requests += reads * requests
-            spilled = sum(spill_node)
-            rate = profile.spill_read_bytes_per_s if spilled else profile.storage_read_bytes_per_s
+            rate = profile.spill_read_bytes_per_s if sum(spill_node) else profile.storage_read_bytes_per_s
             read_seconds = max(first_node) / profile.storage_read_bytes_per_s + max(again_node) / rate
             seconds[p.stage] += max(runs * run_seconds, read_seconds) + runs * profile.run_overhead_seconds
-            spill_node = [0] * nodes
-            peak = [i + r for i, r in zip(intermediate_peak(physical, nodes, spilled=spilled_results_here),
-                                          resident_bytes, strict=True)]
+            peak = with_resident
         else:
             seconds[p.stage] += runs * (run_seconds + profile.run_overhead_seconds)
-            peak = list(cost.peak_bytes_per_node)
-            if read_before or residencies and residencies[-1].streams:
-                peak = [i + r for i, r in zip(intermediate_peak(physical, nodes, spilled=spilled_results_here),
-                                          resident_bytes, strict=True)]
+            streams = read_before or any(r.streams for r in memory.residencies[-1:])
+            peak = with_resident if streams else list(cost.peak_bytes_per_node)
         if stage is not load:
             stage.runs += runs
         stage.bytes_between_nodes += runs * cost.bytes_between_nodes
@@ -450,27 +394,14 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         if info.uri not in sources_seen:
             load.bytes_read += math.prod(info.shape) * np.dtype(info.dtype).itemsize
             load.get_requests += math.prod(math.ceil(s / c) for s, c in zip(info.shape, info.chunks, strict=True))
-    # outputs the workers write (in the last pass's stage) are cut like the last pass's
-    # largest stored array: one store task per row block of it, on the node that holds the
-    # block, and the tree that sums their [bytes, PUTs], rebuilt by placement to combine on
-    # each node first
-    writing = by_stage[declared.passes[-1].stage]
-    last = plan.physical
-    largest = max(last.sources, key=lambda src: src.array.nbytes).array.name if last.sources else None
-    row_home: dict[int, int] = {}
-    for t in last.tasks:
-        for a in t.args:
-            if isinstance(a, SourceBlock) and a.array == largest:
-                row_home.setdefault(a.index[0], t.node or 0)
-    row_blocks = len(row_home) or 1
-    store_tree = placed_tree_tasks(list(Counter(row_home.values()).values()) or [1])
+    # outputs the workers write (``Pass.writes``) are planned with their pass, store tasks and
+    # all; their bytes and requests are priced here, with the driver's
     write = StageEstimate("write")
     driver: dict[str, tuple[tuple[int, ...], str]] = {}
     workers: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {}
     for i, (shape, dtype, chunk_rows) in enumerate(job.outputs_estimate()):
         if chunk_rows:  # written by the workers, chunked by rows
             workers[f"output{i}"] = (tuple(shape), (chunk_rows, *shape[1:]), dtype)
-            writing.tasks += row_blocks + store_tree
         else:
             driver[f"output{i}"] = (tuple(shape), dtype)
     requests = write_requests(driver, workers)
@@ -491,7 +422,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.peak_bytes_per_node = [max(q[i] for q in peaks[name]) for i in range(len(peaks[name][0]))] \
             if peaks[name] else []
     result = Estimate(spec.name, stages, nodes, instance, prices, profile, assumed, source,
-                      budget_bytes=budget, residencies=residencies,
+                      budget_bytes=budget, residencies=memory.residencies, memory=memory,
                       kept_streamed_per_iteration=kept_streamed_per_iteration,
                       nodes_added=max(0, min(nodes, nodes_added)),
                       node_startup_seconds=node_startup_seconds(spec, instance) if nodes_added > 0 else 0.0)

@@ -14,7 +14,7 @@ from arrayjob.errors import InputError
 from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.checkpoint import Checkpoints
 from arrayjob.io.locations import ArrayInfo, StorageOptions
-from arrayjob.lazy import BlockArray
+from arrayjob.lazy import BlockArray, store
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.session import Session
 
@@ -36,17 +36,38 @@ EACH_ITERATION = Runs(once=0, per_iteration=1)
 
 
 @dataclass(frozen=True)
+class Written:
+    """An output of a pass the workers write into the result, block by block (``lazy.store``):
+    the array it is written into. A run creates it in result.zarr; an estimate plans the same
+    writes without creating anything."""
+
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
 class Pass:
     """One program a job runs: its name (how ``run`` asks for it), the stage of the run it
     runs in (the report's ``load``, ``fit``, …) and how many times; ``keeps``, the handle
     ``Session.persist`` keeps its outputs under, if it does (later passes read them as
-    ``lazy.cached("<keeps>:<output>")``)."""
+    ``lazy.cached("<keeps>:<output>")``); ``releases``, the handles of kept arrays the job
+    releases once this pass has run (their room goes to what is in the spill); ``writes``, the
+    outputs the workers write into the result instead of returning them."""
 
     name: str
     stage: str
     program: Mapping[str, BlockArray]
     runs: Runs = ONCE
     keeps: str | None = None
+    releases: tuple[str, ...] = ()
+    writes: Mapping[str, Written] = field(default_factory=dict)  # outputs the workers write
+
+    def writing(self, targets: Mapping[str, ArrayInfo], storage: StorageOptions) -> dict[str, BlockArray]:
+        """The program as a run executes it: each output in ``writes`` written by the workers
+        into its target, computing to [bytes written, PUT requests] under the same name."""
+        return {name: store(x, targets[name], storage) if name in self.writes else x
+                for name, x in self.program.items()}
 
 
 @dataclass(frozen=True)
@@ -96,6 +117,16 @@ class JobContext:
     storage: StorageOptions = field(default_factory=StorageOptions)
     result: ResultGroup | None = None  # where big outputs are written by the workers
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
+    _targets: dict[str, ArrayInfo] = field(default_factory=dict, repr=False)
+
+    def writing(self, p: Pass) -> dict[str, BlockArray]:
+        """The program of ``p`` with its ``writes`` written into result.zarr by the workers
+        (each array created once per run)."""
+        assert self.result is not None, f"pass {p.name} writes {', '.join(p.writes)}: the run needs a result"
+        for name, w in p.writes.items():
+            if name not in self._targets:
+                self._targets[name] = self.result.create_array(name, shape=w.shape, chunks=w.chunks, dtype=w.dtype)
+        return p.writing(self._targets, self.storage)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from arrayjob.jobs.base import (
     JobResult,
     Pass,
     StagePlan,
+    Written,
     require,
     require_numeric,
 )
@@ -100,7 +101,8 @@ class KMeans(Job):
         return StagePlan((
             Pass("stats", "load", {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}),
             Pass("step", "fit", kmeans_program(X, self.params.k, final=False), EACH_ITERATION),
-            Pass("final", "fit", kmeans_program(X, self.params.k, final=True)),
+            Pass("final", "fit", kmeans_program(X, self.params.k, final=True),
+                 writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64")}),
         ))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
@@ -175,12 +177,9 @@ class KMeans(Job):
             values = {"centroids": centroids, "centroid_sq": (centroids**2).sum(1), "cluster_ids": ids}
             arrays = {"centroids": centroids}
             if ctx.result is not None:  # labels (8n bytes) are written by the workers
-                target = ctx.result.create_array("labels", shape=(n,), chunks=(self.arrays["X"].chunks[0],),
-                                                 dtype="int64")
-                r = ctx.session.compute({"inertia": final["inertia"],
-                                         "written": la.store(final["labels"], target, ctx.storage)}, values)
-                ctx.metrics.count_storage(StorageCounters(bytes_written=int(r["written"][0]),
-                                                          put_requests=int(r["written"][1])))
+                r = ctx.session.compute(ctx.writing(plan.pass_named("final")), values)
+                ctx.metrics.count_storage(StorageCounters(bytes_written=int(r["labels"][0]),
+                                                          put_requests=int(r["labels"][1])))
             else:
                 r = ctx.session.compute(final, values)
                 arrays["labels"] = r["labels"]

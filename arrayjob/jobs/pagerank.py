@@ -356,7 +356,7 @@ class PageRank(Job):
             *counts,
             Pass("build", "load", build, keeps=BUILT),
             Pass("degree", "load", self._degree_program(built, n)),
-            Pass("scale", "load", self._scale_program(built, n), keeps=SCALED),
+            Pass("scale", "load", self._scale_program(built, n), keeps=SCALED, releases=(BUILT,)),
             Pass("iterate", "fit", self._iteration(scaled, n, block), EACH_ITERATION),
         ))
 

@@ -43,7 +43,16 @@ from scipy.linalg.blas import dtrsm
 
 from arrayjob import lazy as la
 from arrayjob.io.locations import StorageCounters
-from arrayjob.jobs.base import Job, JobContext, JobResult, Pass, StagePlan, require, require_numeric
+from arrayjob.jobs.base import (
+    Job,
+    JobContext,
+    JobResult,
+    Pass,
+    StagePlan,
+    Written,
+    require,
+    require_numeric,
+)
 from arrayjob.planner.cost import qr_flops
 from arrayjob.planner.physical import Kernel
 from arrayjob.planner.tiling import row_grid
@@ -256,10 +265,11 @@ class TSQR(Job):
         assumes A passes it (the fallback costs about 2.5 times the work)."""
         A = la.from_zarr(self.arrays["A"])
         rows = block_rows_for(self, "A", workers)
+        writes = {"Q": Written(A.shape, (self.arrays["A"].chunks[0], A.shape[1]), "float64")}  # by the workers
         if self.params.method == "householder" or fallback:
             q, r = tsqr_program(A, rows, with_q=True)
             assert q is not None
-            householder = Pass("householder", "factor", {"Q": q, "R": r})
+            householder = Pass("householder", "factor", {"Q": q, "R": r}, writes=writes)
             if self.params.method == "householder":
                 return StagePlan((householder,))
         grams = Pass("grams", "factor", {"grams": gram_program(A, rows)})
@@ -267,7 +277,7 @@ class TSQR(Job):
             return StagePlan((grams, householder))
         d = A.shape[1]
         q, r2 = cholesky_qr2_program(A, la.value(R1, (d, d)), rows)
-        return StagePlan((grams, Pass("q", "factor", {"Q": q, "R2": r2})))
+        return StagePlan((grams, Pass("q", "factor", {"Q": q, "R2": r2}, writes=writes)))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         A = self.arrays["A"]
@@ -277,30 +287,24 @@ class TSQR(Job):
         A = self.arrays["A"]
         n, d = A.shape
         workers = ctx.session.options.cluster.workers
-        target = ctx.result.create_array("Q", shape=(n, d), chunks=(A.chunks[0], d), dtype="float64")
-
-        def writing_q(program: dict[str, la.BlockArray]) -> dict[str, la.BlockArray]:
-            """The workers write Q into ``target``; the rest comes back to the driver."""
-            return {"written": la.store(program.pop("Q"), target, ctx.storage), **program}
-
         plan = self.stages(workers)
         auto = self.params.method == "auto"
-        first = plan["grams"] if auto else writing_q(plan["householder"])
+        first = plan["grams"] if auto else ctx.writing(plan.pass_named("householder"))
         with ctx.metrics.stage("load"):
             ctx.session.load(first)
         with ctx.metrics.stage(plan.passes[0].stage):
             r1 = cholesky_upper(sum_grams(ctx.session.compute(first)["grams"])) if auto else None
             if r1 is not None:
-                r = ctx.session.compute(writing_q(plan["q"]), {R1: r1})
+                r = ctx.session.compute(ctx.writing(plan.pass_named("q")), {R1: r1})
                 R = np.triu(r["R2"] @ r1)
                 how = "CholeskyQR2"
             else:  # A's blocks are loaded already when the check sent us here
-                r = ctx.session.compute(writing_q(self.stages(workers, fallback=True)["householder"]) if auto
-                                        else first)
+                r = ctx.session.compute(ctx.writing(self.stages(workers, fallback=True).pass_named("householder"))
+                                        if auto else first)
                 R = np.triu(r["R"])
                 how = "Householder TSQR" if not auto else \
                     f"Householder TSQR (cond(A) above {COND_LIMIT:.0e}, too high for CholeskyQR2)"
-        written = (int(r["written"][0]), int(r["written"][1]))
+        written = (int(r["Q"][0]), int(r["Q"][1]))
         ctx.metrics.count_storage(StorageCounters(bytes_written=written[0], put_requests=written[1]))
         return JobResult({"R": R}, {"n_rows": n, "n_cols": d},
                          [f"R {d} × {d} by {how}; Q {n:,} × {d} written by the workers ({written[0]:,} bytes)"])

@@ -84,7 +84,7 @@ class ClusterLoad:
         self.home: dict[Arg, int] = {}
         self.copies: dict[Arg, set[int]] = {}
         self.size: dict[Arg, int] = {}
-        self._sources = {s.array.name: s for s in physical.sources}
+        self._physical = physical
         self._kept = set(physical.outputs)
         self.uses: Counter[Arg] = Counter()
         for task in physical.tasks:
@@ -97,9 +97,7 @@ class ClusterLoad:
 
     # -- objects -------------------------------------------------------------------------
     def block_bytes(self, ref: SourceBlock) -> int:
-        source = self._sources[ref.array]
-        shape = [s.stop - s.start for s in source.grid.selection(ref.index)]
-        return math.prod(shape) * np.dtype(source.array.dtype).itemsize
+        return self._physical.block_bytes(ref)
 
     def object_bytes(self, arg: Arg) -> int:
         """The size of ``arg``: as held, or as planned for a block not yet read."""
@@ -433,17 +431,14 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
     bytes_read = requests = 0
     work: Counter[str] = Counter()
     for i, task in enumerate(physical.tasks):
-        node = (task.node if task.node is not None else i) % nodes
+        node = physical.node_of(i, nodes)
         in_shapes = []
         for arg in task.args:
             if isinstance(arg, SourceBlock):
-                source = sources[arg.array]
-                sel = source.grid.selection(arg.index)
-                in_shapes.append(block_shape(source, arg))
+                in_shapes.append(block_shape(sources[arg.array], arg))
                 if arg not in load.home:  # read once, where it is first used
                     bytes_read += load.block_bytes(arg)
-                    requests += math.prod(math.ceil(s.stop / c) - s.start // c
-                                          for s, c in zip(sel, source.array.chunks, strict=True))
+                    requests += physical.block_requests(arg)
                     reads.append((node, load.block_bytes(arg)))
                     if homes is not None:
                         homes[key(arg)] = (node, load.block_bytes(arg))

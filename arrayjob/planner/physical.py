@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from arrayjob.io.locations import ArrayInfo, StorageOptions
 
 if TYPE_CHECKING:  # the op vocabulary names Kernel, for a job's block function
@@ -212,6 +214,33 @@ class PhysicalPlan:
             if s.array.name == name:
                 return s
         raise KeyError(name)
+
+    def node_of(self, position: int, nodes: int) -> int:
+        """The node task ``position`` runs on among ``nodes``: its placed node, or, for a task
+        Ray places, its position dealt round-robin (as the cost model and the runtime count it)."""
+        node = self.tasks[position].node
+        return (node if node is not None else position) % max(1, nodes)
+
+    def block_bytes(self, block: SourceBlock) -> int:
+        """The bytes of stored block ``block`` as read (its selection at the array's dtype)."""
+        source = self.source(block.array)
+        return math.prod(s.stop - s.start for s in source.grid.selection(block.index)) * \
+            np.dtype(source.array.dtype).itemsize
+
+    def block_requests(self, block: SourceBlock) -> int:
+        """The GET requests reading ``block`` takes: the stored chunks its selection touches."""
+        source = self.source(block.array)
+        return math.prod(math.ceil(s.stop / c) - s.start // c
+                         for s, c in zip(source.grid.selection(block.index), source.array.chunks, strict=True))
+
+    def block_homes(self, nodes: int) -> dict[SourceBlock, int]:
+        """Each stored block's node: that of the first task that uses it (where it is read)."""
+        homes: dict[SourceBlock, int] = {}
+        for i, task in enumerate(self.tasks):
+            for arg in task.args:
+                if isinstance(arg, SourceBlock) and arg not in homes:
+                    homes[arg] = self.node_of(i, nodes)
+        return homes
 
     def validate(self) -> None:
         """Every argument names a source block, an earlier task or a driver value."""

@@ -32,6 +32,7 @@ from arrayjob.planner.physical import (
 from arrayjob.planner.plan import ClusterShape, Plan
 from arrayjob.planner.reduction import FAN_IN, combine_tree, tree_size
 from arrayjob.planner.registry import register
+from arrayjob.planner.schedule import WorkerSchedule
 
 
 def _with_nodes(plan: Plan, nodes: list[int | None]) -> Plan:
@@ -114,8 +115,8 @@ def _relieve_last_node(placer: _Placer) -> _Placer:
     others; one of its solves moved to the node that ends soonest takes that back."""
     tries = 0
     while tries < RELIEF_TRIES:
-        last = max(range(placer.nodes), key=placer.end.__getitem__)
-        soonest = min(range(placer.nodes), key=placer.end.__getitem__)
+        last = max(range(placer.nodes), key=placer.workers.end)
+        soonest = min(range(placer.nodes), key=placer.workers.end)
         kinds: dict[object, Task] = {}
         for task in placer.placed:  # the last placed of each kind: it went to the last worker
             if task.node == last and task.id in placer.free_tasks:
@@ -218,11 +219,7 @@ class _Placer:
         # on the worker free soonest, for the bytes it touches at the memory rate and its
         # compute, each kind of work at its rate. Per node: every worker's seconds, their sum,
         # the soonest a worker is free and when the last one is done.
-        workers = self.shape.workers_per_node
-        self.workers = [[0.0] * workers for _ in range(nodes)]
-        self.busy = [0.0] * nodes
-        self.free = [0.0] * nodes
-        self.end = [0.0] * nodes
+        self.workers = WorkerSchedule(nodes, self.shape.workers_per_node)
         self.sources = {s.array.name: s for s in physical.sources}
         self.shapes = {TaskResult(t.id, p): s for t in physical.tasks for p, s in enumerate(t.out_shapes)}
         self.grids = {s.array.name: node_grid(s.grid.grid_shape, nodes) for s in physical.sources}
@@ -282,23 +279,18 @@ class _Placer:
         load = self.load
         out = max((load.net_out[h] + b for h, b in trial.sent), default=0)
         worst = max(load.max_peak, trial.peak) + max(load.max_in, trial.net_in) + max(load.max_out, out)
-        return worst, trial.moved, self.busy[trial.node], trial.node
+        return worst, trial.moved, self.workers.busy[trial.node], trial.node
 
     def finish(self, trial: Trial, compute: float) -> tuple[float, int, int]:
         """When the task would be done there (earliest finish time, as in HEFT): on the
         node's worker free soonest, for the bytes it touches and ``compute`` (its work by
         kind), after the bytes the node has received, at its network's rate."""
         node = trial.node
-        done = self.free[node] + trial.touched / self.shape.memory_bytes_per_s + compute
+        done = self.workers.free(node) + trial.touched / self.shape.memory_bytes_per_s + compute
         return done + trial.net_in / self.shape.network_bytes_per_s, trial.moved, node
 
     def schedule(self, node: int, seconds: float) -> None:
-        workers = self.workers[node]
-        i = min(range(len(workers)), key=workers.__getitem__)
-        workers[i] += seconds
-        self.busy[node] += seconds
-        self.free[node] = min(workers)
-        self.end[node] = max(self.end[node], workers[i])
+        self.workers.add(node, seconds)
 
     def compute_seconds(self, task: Task) -> float:
         """One worker's time for ``task``'s work, each kind at its rate (``cost.task_work``)."""
@@ -360,7 +352,7 @@ class _Placer:
         (the whole plan's, so two placements of it compare), bounded by the network's aggregate
         rate and by the busiest receiver's link (``cost.network_seconds``)."""
         load = self.load
-        return max(self.end) + network_seconds(load.moved, load.max_in, self.nodes,
+        return self.workers.makespan + network_seconds(load.moved, load.max_in, self.nodes,
                                                self.shape.network_bytes_per_s)
 
     def fresh_id(self, base: str) -> str:
