@@ -35,6 +35,13 @@ def _section(text: str, heading: str) -> str:
     return "\n".join(lines[start:])
 
 
+def _section_raw(text: str, heading: str) -> str:
+    """The text under a level-2 ``heading``, code blocks kept."""
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
 def _table(section: str) -> list[list[str]]:
     """The rows of the first Markdown table in ``section``, header and rule left out."""
     rows = [line for line in section.splitlines() if line.startswith("|")]
@@ -130,6 +137,16 @@ def test_the_link_checker_sees_links():
     readme = _links(ROOT / "README.md")
     assert "docs/using.md#the-job-spec" in readme and len(readme) >= 10
     assert _slug("On a remote cluster (Ray Jobs)") == "on-a-remote-cluster-ray-jobs"
+
+
+def test_the_readme_spec_is_the_demo_config():
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"^```toml\n(.*?)^```", _section_raw(readme, "## A job spec"), flags=re.M | re.S)
+    assert block, "README's spec section has no toml block"
+    config = tomllib.loads((ROOT / "configs" / "logreg.toml").read_text())
+    assert tomllib.loads(block.group(1)) == {k: v for k, v in config.items() if v}  # empty sections left out
 
 
 # made by another branch of issue 23; drop it from here once the Makefile has it
