@@ -1,18 +1,9 @@
 """The one exception hierarchy. Each class carries the exit code the CLI returns for it.
 
-Exit codes (documented in README.md):
-  0  success, or the output was already complete
-  1  internal error (a bug in arrayjob)
-  2  bad spec or bad input (malformed spec, missing/corrupt array, mismatched shapes, NaN data)
-  3  the estimated cost exceeds --max-cost
-  4  storage failure: the output cannot be written (checked before the run), a request failed after retries
-  5  the Ray cluster could not be reached or started, or failed under the job
-  6  another live run holds the output's lease (with --no-wait), or took it over from this run
-  7  the cluster cannot hold the job: cluster.max_nodes is below the nodes its memory needs, or
-     too few nodes arrived within cluster.scale_timeout (nothing read, nothing written)
-  130 interrupted (SIGINT, Ctrl-C)
-  143 terminated (SIGTERM): the job stops as on Ctrl-C, its lease released, nothing published
-
+The classes are the one place the codes live: README.md's exit-code table names the class
+of each code and ``tests/test_docs.py`` checks it against them (docs/guarantees.md gives
+every case of each code). The CLI adds two of its own: 0 for success and 130 for
+``KeyboardInterrupt``; any other exception is a bug and exits 1, as ``ArrayJobError`` does.
 ``arrayjob submit`` exits with the submitted job's own code (``RemoteJobFailed``).
 """
 
