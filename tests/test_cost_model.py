@@ -111,11 +111,11 @@ def test_qr_time_follows_the_qr_rate(X):
 
 
 def test_odd_block_counts_leave_workers_idle():
-    from arrayjob.costing.estimate import _makespan
+    from arrayjob.planner.schedule import makespan
 
-    assert _makespan([(0, 1.0)] * 4, CLUSTER) == 2.0
-    assert _makespan([(0, 1.0)] * 5, CLUSTER) == 3.0  # not 2.5: a block is not split
-    assert _makespan([(0, 1.0), (1, 1.0)], ClusterShape(nodes=2, workers_per_node=1)) == 1.0
+    assert makespan([(0, 1.0)] * 4, CLUSTER.nodes, CLUSTER.workers_per_node) == 2.0
+    assert makespan([(0, 1.0)] * 5, CLUSTER.nodes, CLUSTER.workers_per_node) == 3.0  # not 2.5: a block is not split
+    assert makespan([(0, 1.0), (1, 1.0)], 2, 1) == 1.0
 
 
 def test_every_kind_has_a_rate_and_old_profiles_still_load(tmp_path):

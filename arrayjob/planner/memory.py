@@ -130,7 +130,7 @@ class MemoryModel:
         self.log: list[ProgramMemory | Admission] = []
         # per program (by identity; a job's plans are cached, so its iterations hit): the
         # submission order, and the make-room decisions for how it keeps its outputs
-        self._orders: dict[int, tuple[PhysicalPlan, tuple[int, ...] | None]] = {}
+        self._orders: dict[int, tuple[PhysicalPlan, frozenset[SourceBlock], tuple[int, ...] | None]] = {}
         self._rooms: dict[int, tuple[PhysicalPlan, tuple[bool, bool], tuple[int, ...], tuple[int, ...],
                                      frozenset[TaskResult]]] = {}
 
@@ -156,10 +156,11 @@ class MemoryModel:
         residency, read_now = self._decide(physical, keeps)
         to_spill = keeps and self._spills_kept(physical)
         spilled, demoted, demoted_kept, peaks = self._make_room(physical, keeps, to_spill)
+        streamed, order = self._streaming(physical)
         return self._record(ProgramMemory(
             "persist" if keeps else "compute", residency=residency, read_now=read_now, kept_to_spill=to_spill,
-            spilled_results=spilled, demoted=demoted, demoted_kept=demoted_kept, order=self._order(physical),
-            streamed=self._streamed_in(physical), kept_from_spill=self._kept_from_spill(physical),
+            spilled_results=spilled, demoted=demoted, demoted_kept=demoted_kept, order=order,
+            streamed=streamed, kept_from_spill=self._kept_from_spill(physical),
             resident_bytes=tuple(self.resident_bytes), intermediate_peak=peaks))
 
     def keep(self, physical: PhysicalPlan, arrays: Sequence[tuple[str, int]], decided: ProgramMemory,
@@ -352,26 +353,21 @@ class MemoryModel:
         self.log.append(Admission(after, admitted))
         return admitted
 
-    def _order(self, physical: PhysicalPlan) -> tuple[int, ...] | None:
-        """The submission order of a program over blocks some of which are streamed."""
+    def _streaming(self, physical: PhysicalPlan) -> tuple[frozenset[SourceBlock], tuple[int, ...] | None]:
+        """The stored blocks of ``physical`` not in memory (read when a task uses them), and the
+        submission order of its tasks around their reads (None: the plan's)."""
         if not self.streamed:
-            return None
+            return frozenset(), None
         cached = self._orders.get(id(physical))
         if cached is None or cached[0] is not physical:
-            streamed = self._streamed_in(physical)
+            streamed = frozenset(a for t in physical.tasks for a in t.args if isinstance(a, SourceBlock)
+                                 and self._key(physical, a) not in self.resident)
             order = task_order(physical, streamed, self.cluster.nodes, max(1, self.cluster.workers_per_node - 1)) \
                 if streamed else None
             if len(self._orders) > 64:
                 self._orders.clear()
-            cached = self._orders[id(physical)] = (physical, order)
-        return cached[1]
-
-    def _streamed_in(self, physical: PhysicalPlan) -> frozenset[SourceBlock]:
-        """The stored blocks of ``physical`` not in memory: they are read when a task uses them."""
-        if not self.streamed:
-            return frozenset()
-        return frozenset(a for t in physical.tasks for a in t.args if isinstance(a, SourceBlock)
-                         and self._key(physical, a) not in self.resident)
+            cached = self._orders[id(physical)] = (physical, streamed, order)
+        return cached[1], cached[2]
 
     def _kept_from_spill(self, physical: PhysicalPlan) -> frozenset[KeptBlock]:
         """The kept blocks ``physical`` uses that are in the spill, not in memory."""

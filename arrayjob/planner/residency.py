@@ -146,17 +146,6 @@ def belady(uses: Sequence[SourceBlock], sizes: Mapping[SourceBlock, int], capaci
     return missed, set(held) - evicted, evicted
 
 
-def _homes(physical: PhysicalPlan, nodes: int) -> dict[SourceBlock, int]:
-    """Each source block's node: that of its first use (as the runtime reads it)."""
-    homes: dict[SourceBlock, int] = {}
-    for i, task in enumerate(physical.tasks):
-        node = (task.node if task.node is not None else i) % nodes
-        for arg in task.args:
-            if isinstance(arg, SourceBlock):
-                homes.setdefault(arg, node)
-    return homes
-
-
 def eager_order(physical: PhysicalPlan, leaves: Sequence[int] | None = None) -> tuple[int, ...]:
     """Tasks in an order where each runs as soon as its inputs have: after each task that
     reads stored blocks (in the order ``leaves``, default the plan's), every task it makes
@@ -200,7 +189,7 @@ def spilled_results(physical: PhysicalPlan, nodes: int, room: Sequence[int],
     the budget at 40 % of the edges, which this keeps on disk."""
     nodes = max(1, nodes)
     tasks = physical.tasks
-    node_of = [(t.node if t.node is not None else i) % nodes for i, t in enumerate(tasks)]
+    node_of = [physical.node_of(i, nodes) for i in range(len(tasks))]
     index = {t.id: i for i, t in enumerate(tasks)}
     steps = list(order if order is not None else eager_order(physical))
     uses: dict[TaskResult, list[int]] = {}
@@ -241,17 +230,17 @@ def intermediate_peak(physical: PhysicalPlan, nodes: int, order: Sequence[int] |
     blocks, no kept blocks, no ``spilled`` results), the tasks run in ``order`` (default
     ``eager_order``, as a budget runs them)."""
     load = ClusterLoad(physical, nodes)
-    for block, node in _homes(physical, nodes).items():
+    for block, node in physical.block_homes(nodes).items():
         load.hold(block, node, 0)
     for i, task in enumerate(physical.tasks):  # kept blocks are held or streamed as inputs are
         for arg in task.args:
             if isinstance(arg, CachedBlock) and arg not in load.home:
-                load.hold(arg, (task.node if task.node is not None else i) % nodes, 0)
+                load.hold(arg, physical.node_of(i, nodes), 0)
     for i in order if order is not None else eager_order(physical):
         task = physical.tasks[i]
         out = [0 if TaskResult(task.id, p) in spilled else b for p, b in enumerate(task.out_bytes)] \
             if spilled and task.out_bytes else None
-        load.run(task, (task.node if task.node is not None else i) % nodes, out)
+        load.run(task, physical.node_of(i, nodes), out)
     return tuple(load.peak)
 
 
@@ -284,7 +273,7 @@ def task_order(physical: PhysicalPlan, streamed: frozenset[SourceBlock], nodes: 
     by_node: dict[int, tuple[list[int], list[int]]] = {}
     for i in leaves:
         task = physical.tasks[i]
-        node = (task.node if task.node is not None else i) % nodes
+        node = physical.node_of(i, nodes)
         reading, computing = by_node.setdefault(node, ([], []))
         (reading if any(a in streamed for a in task.args) else computing).append(i)
     lanes: list[list[int]] = []
@@ -335,7 +324,7 @@ def plan_residency(physical: PhysicalPlan, nodes: int, budget: int, *, repeats: 
     fit) when a block is bigger than what the budget leaves beside the intermediates.
     """
     nodes = max(1, nodes)
-    homes = _homes(physical, nodes)
+    homes = physical.block_homes(nodes)
     load = ClusterLoad(physical, nodes)
     sizes = {block: load.block_bytes(block) for block in homes}
     peaks = intermediate_peak(physical, nodes, spilled=spilled)
@@ -346,7 +335,7 @@ def plan_residency(physical: PhysicalPlan, nodes: int, budget: int, *, repeats: 
     resident: set[SourceBlock] = set()
     cycle = min(max(1, repeats), SIMULATED_REPEATS)
     for node in range(nodes):
-        uses = [a for i, t in enumerate(physical.tasks) if (t.node if t.node is not None else i) % nodes == node
+        uses = [a for i, t in enumerate(physical.tasks) if physical.node_of(i, nodes) == node
                 for a in t.args if isinstance(a, SourceBlock) and homes[a] == node]
         if not uses:
             continue
