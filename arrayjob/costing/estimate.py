@@ -354,12 +354,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
             # a block's first read from storage, then (from the spill, if planned) again at each use
             first_node, again_node, spill_node = [0] * nodes, [0] * nodes, [0] * nodes
             for b, count in uses.items():
-                nbytes, requests = physical.block_bytes(b), physical.block_requests(b)
+                nbytes, gets = physical.block_bytes(b), physical.block_requests(b)
                 reads = runs * count
                 if key[b] not in read_before:
                     read_before.add(key[b])
                     stage.bytes_read += nbytes
-                    stage.get_requests += requests
+                    stage.get_requests += gets
                     first_node[block_homes[b]] += nbytes
                     reads -= 1
                 again_node[block_homes[b]] += nbytes * reads
@@ -368,9 +368,9 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                     spill_node[block_homes[b]] += reads * nbytes
                 else:
                     stage.bytes_read += reads * nbytes
-                    stage.get_requests += reads * requests
+                    stage.get_requests += reads * gets
                     stage.bytes_reread += reads * nbytes
-                    stage.reread_requests += reads * requests
+                    stage.reread_requests += reads * gets
             rate = profile.spill_read_bytes_per_s if sum(spill_node) else profile.storage_read_bytes_per_s
             read_seconds = max(first_node) / profile.storage_read_bytes_per_s + max(again_node) / rate
             seconds[p.stage] += max(runs * run_seconds, read_seconds) + runs * profile.run_overhead_seconds
