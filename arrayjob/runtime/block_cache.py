@@ -19,12 +19,9 @@ Kept blocks under a budget: a kept block written to its node's spill is held as 
 node), ``demote_kept`` drops it back to the file. A spilled kept block has no lineage: if its
 node is lost, the task that needs it fails with ``KeptBlockLost``.
 
-After a node loss: a held block whose home was the lost node is looked up again
-(``ray.experimental.get_object_locations``) after the next run, when Ray has rebuilt it from
-its lineage: it is re-homed there (so the replay counts what moves from where the block is,
-not from a dead node) and counted in ``faults.blocks_reconstructed``. After the nodes change
-(a sized cluster), a held block first used on another node is moved there once, or read again
-there (a kept block, being a result, is always moved).
+After a node loss, ``NodeWatch.rehome`` moves the homes of held blocks Ray rebuilt elsewhere.
+After the nodes change (a sized cluster), a held block first used on another node is moved
+there once, or read again there (a kept block, being a result, is always moved).
 """
 
 from __future__ import annotations
@@ -87,9 +84,6 @@ class BlockCache:
         # after the nodes changed: the next run's plan may put held blocks' first uses elsewhere
         self.relocating = False
         self._relocated: set[Any] = set()  # block keys and kept blocks looked at since the nodes changed
-        # held blocks whose home was lost; those found again since the last replay: every node with a copy
-        self._orphans: set[Any] = set()
-        self._rebuilt: dict[Any, set[str]] = {}
 
     # -- source blocks -----------------------------------------------------------------------
     def block(self, plan: PhysicalPlan, ref: SourceBlock, node: int | None) -> ray.ObjectRef:
@@ -365,40 +359,3 @@ class BlockCache:
         """The run after the nodes changed is submitted: its blocks are where it uses them."""
         self.relocating = False
         self._relocated.clear()
-
-    def orphan(self) -> None:
-        """Mark the held blocks whose home is a lost node, to find again after the next run."""
-        lost = self.nodes.lost
-        self._orphans |= {key for key, (home, _) in self.block_home.items() if home in lost}
-        self._orphans |= {ref for ref, (home, _) in self.kept_home.items()
-                          if home in lost and not isinstance(ref, kept_spill.KeptFile)}
-
-    def rehome(self) -> None:
-        """Find where Ray rebuilt the held blocks that lived on a lost node."""
-        if not self._orphans:
-            return
-        keys = [k for k in self._orphans if k in self.block_home or k in self.kept_home]
-        refs = [self.blocks[k] if k in self.block_home else k for k in keys]
-        from ray.experimental import get_object_locations
-
-        try:
-            where = get_object_locations(refs, timeout_ms=10_000)
-        except Exception:  # noqa: BLE001 - not known yet: looked up after the next run
-            return
-        rebuilt = 0
-        for key, ref in zip(keys, refs, strict=True):
-            nodes = [n for n in (where.get(ref) or {}).get("node_ids") or [] if n not in self.nodes.lost]
-            if not nodes:
-                continue  # not rebuilt yet (Ray does it when a task needs it)
-            homes = self.block_home if key in self.block_home else self.kept_home
-            self._rebuilt[key] = {homes[key][0], *nodes}
-            homes[key] = (nodes[0], homes[key][1])
-            self._orphans.discard(key)
-            rebuilt += 1
-        self._orphans &= set(keys)  # forget blocks no longer held
-        self.metrics.fault("block_reconstructed", rebuilt)
-
-    def take_rebuilt(self) -> dict[Any, set[str]]:
-        """The blocks found rebuilt since the last call, and every node with a copy."""
-        rebuilt, self._rebuilt = self._rebuilt, {}
-        return rebuilt

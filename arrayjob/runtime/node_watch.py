@@ -9,6 +9,12 @@ A task planned on a lost node is pinned (softly) to the node holding most of its
 bytes now (``BlockCache.home``), or left to Ray's scheduler if none is known: Ray's own fallback
 for a dead node ignores where the arguments are, and moved a whole block every iteration.
 
+A held block (source or kept) whose home was a lost node is looked up again
+(``ray.experimental.get_object_locations``) after the next run, when Ray has rebuilt it from
+its lineage: it is re-homed there (so the replay counts what moves from where the block is,
+not from a dead node) and counted in ``faults.blocks_reconstructed``. A kept block in a spill
+has no lineage: it is not looked for (its users fail with ``KeptBlockLost``).
+
 Planner node 0 is the driver's node (driver values are put in its object store); the other
 planner nodes are the remaining Ray nodes, in the order given.
 """
@@ -16,11 +22,13 @@ planner nodes are the remaining Ray nodes, in the order given.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from arrayjob.runtime import kept_spill
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.scaling import worker_ids
 
@@ -45,6 +53,9 @@ class NodeWatch:
         self.memory_cap: float | None = None  # the least ``memory`` resource of a worker node
         self._order: list[str] | None = None
         self._watched = 0.0
+        # held blocks whose home was lost; those found again since the last replay: every node with a copy
+        self._orphans: set[Any] = set()
+        self._rebuilt: dict[Any, set[str]] = {}
 
     @property
     def order(self) -> list[str]:
@@ -110,3 +121,43 @@ class NodeWatch:
         if self.memory_cap is None:
             self.memory_cap = least_memory(ray.nodes())
         return self.memory_cap
+
+    # -- held blocks on lost nodes ------------------------------------------------------------
+    # ``block_home`` and ``kept_home`` are the block cache's homes (node id and bytes) of its
+    # source blocks (by key) and kept blocks (by ref); ``blocks`` its refs of source blocks.
+    def orphan(self, block_home: Mapping[Any, tuple[str, int]], kept_home: Mapping[Any, tuple[str, int]]) -> None:
+        """Mark the held blocks whose home is a lost node, to find again after the next run."""
+        self._orphans |= {key for key, (home, _) in block_home.items() if home in self.lost}
+        self._orphans |= {ref for ref, (home, _) in kept_home.items()
+                          if home in self.lost and not isinstance(ref, kept_spill.KeptFile)}
+
+    def rehome(self, block_home: dict[Any, tuple[str, int]], kept_home: dict[Any, tuple[str, int]],
+               blocks: Mapping[Any, ray.ObjectRef]) -> None:
+        """Find where Ray rebuilt the held blocks that lived on a lost node, and home them there."""
+        if not self._orphans:
+            return
+        keys = [k for k in self._orphans if k in block_home or k in kept_home]
+        refs = [blocks[k] if k in block_home else k for k in keys]
+        from ray.experimental import get_object_locations
+
+        try:
+            where = get_object_locations(refs, timeout_ms=10_000)
+        except Exception:  # noqa: BLE001 - not known yet: looked up after the next run
+            return
+        rebuilt = 0
+        for key, ref in zip(keys, refs, strict=True):
+            nodes = [n for n in (where.get(ref) or {}).get("node_ids") or [] if n not in self.lost]
+            if not nodes:
+                continue  # not rebuilt yet (Ray does it when a task needs it)
+            homes = block_home if key in block_home else kept_home
+            self._rebuilt[key] = {homes[key][0], *nodes}
+            homes[key] = (nodes[0], homes[key][1])
+            self._orphans.discard(key)
+            rebuilt += 1
+        self._orphans &= set(keys)  # forget blocks no longer held
+        self.metrics.fault("block_reconstructed", rebuilt)
+
+    def take_rebuilt(self) -> dict[Any, set[str]]:
+        """The blocks found rebuilt since the last call, and every node with a copy."""
+        rebuilt, self._rebuilt = self._rebuilt, {}
+        return rebuilt

@@ -122,7 +122,7 @@ class RayExecutor(Executor):
     def check_nodes(self, *, every: float = 0.0) -> None:
         """Count the nodes lost since the last check (at most one check per ``every`` seconds)."""
         if self.nodes.check(every):
-            self.cache.orphan()
+            self.nodes.orphan(self.cache.block_home, self.cache.kept_home)
 
     # -- source blocks -----------------------------------------------------------------------
     def load(self, plan: PhysicalPlan, residency: Residency | None = None) -> None:
@@ -283,9 +283,9 @@ class RayExecutor(Executor):
         strayed = any(p is not None and p != r[0] and p not in self.nodes.lost
                       for p, r in zip(planned, records, strict=True))
         self.check_nodes(every=0.0 if retried or strayed else 1.0)
-        self.cache.rehome()
+        self.nodes.rehome(self.cache.block_home, self.cache.kept_home, self.cache.blocks)
         replay(plan, values, records, submitted, self.node_order, self.cache.held(), self.cache.used(plan),
-               self.cache.take_rebuilt(), self.metrics, self.cache.count_reads)
+               self.nodes.take_rebuilt(), self.metrics, self.cache.count_reads)
         return {task.id: (r[0], r[1]) for task, r in zip(plan.tasks, records, strict=True)}
 
     # -- blocks kept between programs (Session.persist) --------------------------------------
