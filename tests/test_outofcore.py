@@ -319,17 +319,17 @@ def test_a_result_that_cannot_be_written_to_the_spill_stays_in_the_store(tmp_pat
     from arrayjob.io.locations import StorageOptions
     from arrayjob.planner.physical import Combine
     from arrayjob.runtime import kept_spill
-    from arrayjob.runtime.ray_executor import _run_streaming
+    from arrayjob.runtime.worker_tasks import run_streaming
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     block = np.arange(12.0).reshape(3, 4)
     good, bad = str(tmp_path / "spill" / "ok.bin"), str(blocker / "no.bin")
-    kept, record = ray.get(_run_streaming.options(num_returns=2).remote(
+    kept, record = ray.get(run_streaming.options(num_returns=2).remote(
         Combine("sum"), 1, StorageOptions(), (good,), block))
     assert isinstance(kept, kept_spill.KeptFile) and record[1] == (0,)
     np.testing.assert_array_equal(kept.read(), block)
-    stayed, record = ray.get(_run_streaming.options(num_returns=2).remote(
+    stayed, record = ray.get(run_streaming.options(num_returns=2).remote(
         Combine("sum"), 1, StorageOptions(), (bad,), block))
     np.testing.assert_array_equal(stayed, block)
     assert record[1] == (block.nbytes,) and ("kept-written", bad) not in record[4]

@@ -1,14 +1,16 @@
 """Executors run a ``PhysicalPlan``: read source blocks once, run kernels, return outputs.
 
-``LocalExecutor`` runs in this process (tests, tiny jobs); ``RayExecutor`` runs each task
-as a Ray task on the node the plan names. Both keep source blocks across runs of the
-same job, so an iterative job reads each block from storage once.
+``Executor`` is the interface ``Session`` and the runner use. ``LocalExecutor`` runs in this
+process (tests, tiny jobs); ``RayExecutor`` (``runtime.ray_executor``) runs each task as a Ray
+task on the node the plan names. Both keep source blocks across runs of the same job, so an
+iterative job reads each block from storage once.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -28,51 +30,77 @@ from arrayjob.planner.residency import Residency
 from arrayjob.runtime.metrics import RunMetrics
 
 
-class Executor(Protocol):
-    metrics: RunMetrics
+class Executor(ABC):
+    """What ``Session`` and the runner need of an executor; ``tests/test_executor_conformance.py``
+    runs the same cases against every implementation.
 
+    Blocks are named three ways: a source block (``SourceBlock``: read from storage, held
+    across runs unless streamed), a task's result within one program (``TaskResult``), and a
+    kept block (``CachedBlock``: block ``position`` of a name given to ``keep`` or ``alias``,
+    held until ``release``).
+    """
+
+    metrics: RunMetrics
+    # ``keep`` can put kept blocks in a spill (on local disk, out of memory): then
+    # ``kept_sizes``, ``admit_kept`` and ``demote_kept`` move them; else those are no-ops
+    spills_kept: bool = False
+
+    @abstractmethod
     def load(self, plan: PhysicalPlan, residency: Residency | None = None) -> None:
         """Read every source block of ``plan`` now (and check it), if not already held; with a
         ``residency`` that streams, only its resident blocks (the others are read by their tasks)."""
 
+    @abstractmethod
     def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None,
             spill_results: frozenset[TaskResult] = frozenset()) -> list[Any]:
         """Run ``plan`` with the driver values, submitting its tasks in ``order`` if given;
         returns the results named by ``plan.outputs``. ``spill_results`` are written to their
         node's spill by the tasks that make them, and read back in place by their users."""
 
+    @abstractmethod
     def demote(self, blocks: set[tuple[str, SourceBlock]]) -> None:
         """Stream these resident blocks (array URI, block) from now on: drop them from memory."""
 
-    def close(self) -> None:
-        """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
-
-    spills_kept: bool  # ``keep`` can put kept blocks in a spill (``kept_sizes`` and the rest work)
-
+    @abstractmethod
     def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
              order: tuple[int, ...] | None = None, spill: bool = False,
              spill_results: frozenset[TaskResult] = frozenset()) -> None:
         """Run ``plan`` (tasks submitted in ``order``, if given) and keep its outputs, unfetched, as
-        blocks 0, 1, ... of ``handle``; with ``spill``, each in its node's spill, not in memory."""
+        blocks 0, 1, ... of ``handle``; with ``spill`` (where ``spills_kept``), each in its node's
+        spill, not in memory."""
 
+    @abstractmethod
     def kept_sizes(self, name: str) -> list[tuple[int, int] | None]:
-        """Per block of ``name``: (node, bytes) if it is in a spill, else None."""
+        """Per block of ``name``: (planner node, bytes) if it is in a spill, else None."""
 
+    @abstractmethod
     def admit_kept(self, name: str, positions: list[int]) -> None:
-        """Bring these spilled blocks of ``name`` into memory."""
+        """Bring these spilled blocks of ``name`` into memory (those not spilled stay as they are)."""
 
+    @abstractmethod
     def demote_kept(self, name: str, positions: list[int]) -> None:
-        """Use these blocks of ``name`` from their spill again, dropping them from memory."""
+        """Use these admitted blocks of ``name`` from their spill again, dropping them from memory."""
 
+    @abstractmethod
     def alias(self, name: str, handle: str, positions: range) -> None:
         """Name blocks ``positions`` of ``handle`` as blocks 0, 1, ... of ``name``."""
 
+    @abstractmethod
     def release(self, name: str) -> None:
-        """Forget the blocks kept under ``name``."""
+        """Forget the blocks kept under ``name`` (a block another name holds stays)."""
 
+    @abstractmethod
     def nodes_now(self) -> int | None:
         """The nodes to plan the next program on, when the executor follows a cluster whose
         nodes come and go (binding planner nodes to them); None: the plan's own count."""
+
+    @abstractmethod
+    def check_nodes(self) -> None:
+        """Count the nodes lost since the last check (the runner calls it before its report)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
 
 
 def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
@@ -91,8 +119,8 @@ def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptio
     return block, {"nbytes": int(block.nbytes), "storage_retries": retries, **counters.as_dict()}
 
 
-class LocalExecutor:
-    """Runs the plan in this process, in plan order."""
+class LocalExecutor(Executor):
+    """Runs the plan in this process, one task at a time, in the order given (else plan order)."""
 
     def __init__(self, options: StorageOptions, metrics: RunMetrics | None = None) -> None:
         self.options = options
@@ -104,6 +132,9 @@ class LocalExecutor:
 
     def nodes_now(self) -> int | None:
         return None  # one process: nothing comes or goes
+
+    def check_nodes(self) -> None:
+        pass  # one process: no node to lose
 
     def _block(self, plan: PhysicalPlan, ref: SourceBlock, hold: bool = False) -> np.ndarray:
         """``ref``'s block: held, or read now; kept unless streaming (``hold``: keep it anyway)."""
@@ -134,7 +165,7 @@ class LocalExecutor:
         self._streaming = True
         for source, index in list(self._blocks):
             if (source.array.uri, SourceBlock(source.array.name, index)) in blocks:
-                del self._blocks[(source, index)]
+                self.metrics.hold_block("local", -int(self._blocks.pop((source, index)).nbytes))
                 self._read_once.add((source, index))
 
     def close(self) -> None:
@@ -145,7 +176,7 @@ class LocalExecutor:
     def keep(self, plan: PhysicalPlan, values: Mapping[str, Any], handle: str,
              order: tuple[int, ...] | None = None, spill: bool = False,
              spill_results: frozenset[TaskResult] = frozenset()) -> None:
-        self._kept[handle] = self.run(plan, values)
+        self._kept[handle] = self.run(plan, values, order)
 
     def kept_sizes(self, name: str) -> list[tuple[int, int] | None]:
         return [None] * len(self._kept[name])
@@ -164,8 +195,9 @@ class LocalExecutor:
 
     def run(self, plan: PhysicalPlan, values: Mapping[str, Any], order: tuple[int, ...] | None = None,
             spill_results: frozenset[TaskResult] = frozenset()) -> list[Any]:
-        results: dict[str, tuple[Any, ...]] = {}  # in plan order: one process has nothing to overlap
-        for task in plan.tasks:
+        results: dict[str, tuple[Any, ...]] = {}
+        for position in order if order is not None else range(len(plan.tasks)):
+            task = plan.tasks[position]
             args = []
             for arg in task.args:
                 if isinstance(arg, SourceBlock):

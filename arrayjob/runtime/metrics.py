@@ -180,7 +180,7 @@ class RunMetrics:
     tasks: int = 0
     block_bytes_by_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # Measured from where tasks really ran (Ray node ids) and what they really returned;
-    # see ``runtime.ray_executor`` and ``planner.cost.ClusterLoad`` for the accounting.
+    # see ``runtime.replay`` and ``planner.cost.ClusterLoad`` for the accounting.
     bytes_between_nodes: int = 0  # summed over runs; each (object, node) pair once per run
     bytes_touched: int = 0  # kernel inputs + outputs, as the workers saw them
     tasks_by_node: dict[str, int] = field(default_factory=lambda: defaultdict(int))
