@@ -6,7 +6,7 @@ a byte moved means: ``plan_cost`` (the estimate), the ``lshs`` placement (which 
 each node before committing), and the Ray executor (which replays a finished run with
 the nodes tasks really ran on and the sizes they really returned).
 
-The model, which is what ``runtime.ray_executor`` does:
+The model, which is what the runtime does (``runtime.replay`` measures a run against it):
 
 - a source block is read from storage once, on the node of the task that first uses
   it, and stays in that node's object store for the whole job; a block kept by an
