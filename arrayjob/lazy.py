@@ -26,8 +26,8 @@ import numpy as np
 from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.planner import ops
 from arrayjob.planner.ir import Graph, Node, infer_shape
+from arrayjob.planner.kernel import Kernel, Work
 from arrayjob.planner.ops import ELEMENTWISE, REDUCTIONS, Op, OpAttrs
-from arrayjob.planner.physical import Kernel, Work
 
 
 class BlockArray:

@@ -29,11 +29,11 @@ from arrayjob.planner.physical import (
     CachedBlock,
     Combine,
     DriverValue,
+    InputArray,
     Kernel,
     PhysicalPlan,
     ReductionStep,
     Selection,
-    Source,
     SourceBlock,
     Step,
     Task,
@@ -72,7 +72,7 @@ class _Lowering:
         self.tasks: list[Task] = []
         self.blocks: dict[int, dict[tuple[int, ...], Arg]] = {}
         self.assembled: dict[tuple[int, Selection], Arg] = {}
-        self.sources: list[Source] = []
+        self.sources: list[InputArray] = []
         self.blockwise_tasks: dict[tuple[object, ...], list[str]] = {}
 
     # -- where blocks are ----------------------------------------------------------------
@@ -81,14 +81,11 @@ class _Lowering:
         n = self.graph.nodes[node]
         return {self.classes.of_axis(node, a): a for a in self.plan.tilings[node].axes if n.shape[a] > 0}
 
-    def class_blocks(self, cls: int, node: int, axis: int) -> int:
-        return self.grids[node].grid_shape[axis]
-
     def leaf_blocks(self, node: int) -> None:
         n = self.graph.nodes[node]
         attrs = n.attrs
         if isinstance(attrs, ops.Source):
-            source = Source(attrs.array, self.grids[node], attrs.check)
+            source = InputArray(attrs.array, self.grids[node], attrs.check)
             self.sources.append(source)
             self.blocks[node] = {idx: SourceBlock(source.array.name, idx) for idx in source.grid.indices()}
         elif isinstance(attrs, ops.Cached):
