@@ -132,7 +132,7 @@ def test_the_shipped_examples_are_valid(target: str) -> None:
 
 def test_ray_cluster_sized_by_nodes(big_spec: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from arrayjob.deploy import object_store_bytes
+    from arrayjob.cluster_definitions import object_store_bytes
 
     code, out, err = deploy(str(big_spec), "--target", "ray-cluster", "--nodes", "4", "--max-nodes", "6",
                             *local_inputs(workdir), monkeypatch=monkeypatch, capsys=capsys)

@@ -3,7 +3,7 @@
 Compute rates are measured inside Ray tasks (one thread each, as the job's kernels run),
 one per kind of work the cost model counts (``planner.cost.WORK_KINDS``), each on the
 operation the kernels really run for it: numexpr expressions over a cache-sized row chunk
-(``blockprogram.CHUNK_BYTES``), ``kernels.block.evaluate`` for contractions, ``jobs.tsqr``'s
+(``compiler.CHUNK_BYTES``), ``kernels.primitives.evaluate`` for contractions, ``jobs.tsqr``'s
 LAPACK QR on its sub-blocks. Read and write rates are the block paths themselves (workers
 read a Zarr array of the bucket into the object store, and write it back with
 ``lazy.store``); request latency is measured from the driver. Everything written to the
@@ -63,7 +63,7 @@ def elementwise_rates() -> tuple[float, float]:
     transcendental rate is the mean time of exp and log1p."""
     import numexpr
 
-    from arrayjob.kernels.blockprogram import CHUNK_BYTES
+    from arrayjob.kernels.compiler import CHUNK_BYTES
 
     a = np.random.default_rng(2).random(CHUNK_BYTES // 8)
     b = np.random.default_rng(3).random(a.size)
@@ -84,9 +84,9 @@ def elementwise_rates() -> tuple[float, float]:
 
 def contraction_rates(cols: int = 64) -> tuple[float, float]:
     """(operand bytes/s of matrix × vector, flops/s of XᵀX) on row chunks of a 64 MiB block
-    with ``cols`` columns, through ``kernels.block.evaluate`` as a compiled kernel's loop runs them."""
-    from arrayjob.kernels.block import evaluate
-    from arrayjob.kernels.blockprogram import CHUNK_BYTES
+    with ``cols`` columns, through ``kernels.primitives.evaluate`` as a compiled kernel's loop runs them."""
+    from arrayjob.kernels.compiler import CHUNK_BYTES
+    from arrayjob.kernels.primitives import evaluate
     from arrayjob.planner.ops import Einsum, Op
     from arrayjob.planner.physical import Step
 
@@ -104,7 +104,7 @@ def einsum_rate() -> float:
     """Flops/s (2 × the product of the label sizes) of a three-operand contraction: MTTKRP
     of each mode (``ijk,jf,kf->if`` and the others) on a 16 MiB block of a tensor, as a
     kernel step runs it."""
-    from arrayjob.kernels.block import evaluate
+    from arrayjob.kernels.primitives import evaluate
     from arrayjob.planner.ops import Einsum, Op
     from arrayjob.planner.physical import Step
 
@@ -146,7 +146,7 @@ def graph_rates() -> dict[str, float]:
     the cache (2^19 nodes) and from one that does not (2^22 nodes, 32 MiB)."""
     import scipy.sparse
 
-    from arrayjob.jobs.pagerank import BuildBlock, SplitByTarget, degree_order
+    from arrayjob.jobs.pagerank_graph import BuildBlock, SplitByTarget, degree_order
 
     rng = np.random.default_rng(7)
     n = 2**22
@@ -248,7 +248,7 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], f
         import scipy.linalg  # noqa: F401
 
         import arrayjob.io.arrays  # noqa: F401
-        import arrayjob.kernels.blockprogram  # noqa: F401
+        import arrayjob.kernels.compiler  # noqa: F401
         return None
 
     start = time.perf_counter()

@@ -45,7 +45,7 @@ from arrayjob import lazy as la
 from arrayjob.io.locations import StorageCounters
 from arrayjob.jobs.base import Job, JobContext, JobResult, Pass, StagePlan, require, require_numeric
 from arrayjob.planner.cost import qr_flops
-from arrayjob.planner.physical import Kernel
+from arrayjob.planner.kernel import Kernel
 from arrayjob.planner.tiling import row_grid
 
 SUB_ROWS = 2048

@@ -290,7 +290,7 @@ class _RowLoop:
         return ast.unparse(self.tree()) + "\n"
 
     def runner(self) -> Callable[[list[Any]], None]:
-        from arrayjob.kernels.block import evaluate
+        from arrayjob.kernels.primitives import evaluate
 
         loop = _compiled(self.source())
         rows, pres = self.rows, self.pres

@@ -30,7 +30,7 @@ runs the kernel, once per argument shapes and dtypes):
    cut into rows, everything else per row a scalar (the logistic loss and gradient), is
    generated as one numba loop over the rows instead of pieces.
 
-``Program(kernel, args)`` is the compiled form; ``block.CompiledPrograms`` caches it.
+``Program(kernel, args)`` is the compiled form; ``block_kernel.CompiledPrograms`` caches it.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Program:
     """A ``BlockKernel`` compiled for one set of argument shapes and dtypes."""
 
     def __init__(self, kernel: Any, args: Sequence[Any]) -> None:
-        from arrayjob.kernels.block import evaluate
+        from arrayjob.kernels.primitives import evaluate
 
         self.kernel = kernel
         n_args = kernel.n_args

@@ -100,8 +100,8 @@ def _header(spec: JobSpec, sized: ClusterSize, command: str) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def ray_cluster(spec: JobSpec, sized: ClusterSize, *, region: str, head_profile: str, worker_profile: str,
-                package: str) -> dict[str, Any]:
+def launcher_config(spec: JobSpec, sized: ClusterSize, *, region: str, head_profile: str, worker_profile: str,
+                    package: str) -> dict[str, Any]:
     """A Ray cluster launcher config (``ray up``) for AWS."""
     store = sized.object_store_bytes
     return {
@@ -232,13 +232,13 @@ def render(documents: list[dict[str, Any]], header: str) -> str:
     return header + body
 
 
-def deploy_file(target: str, spec: JobSpec, sized: ClusterSize, sent_spec: dict[str, Any], command: str,
-                options: dict[str, Any]) -> str:
+def cluster_definition(target: str, spec: JobSpec, sized: ClusterSize, sent_spec: dict[str, Any], command: str,
+                       options: dict[str, Any]) -> str:
     """The cluster definition for ``target``, as YAML text."""
     header = _header(spec, sized, command)
     if target == "ray-cluster":
-        return render([ray_cluster(spec, sized, region=options["region"], head_profile=options["head_profile"],
-                                   worker_profile=options["worker_profile"], package=options["package"])], header)
+        return render([launcher_config(spec, sized, region=options["region"], head_profile=options["head_profile"],
+                                       worker_profile=options["worker_profile"], package=options["package"])], header)
     if target == "kuberay":
         return render(kuberay_job(spec, sized, sent_spec, image=options["image"], service_account=options["service_account"],
                                   role_arn=options["role_arn"], ttl_seconds=options["ttl"]), header)
