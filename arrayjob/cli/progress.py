@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from arrayjob.runtime.metrics import ProgressEvent
-from arrayjob.units import size
+from arrayjob.units import duration, size
 
 EVERY_ITERATIONS = 10  # plain lines: one per this many iterations ...
 EVERY_SECONDS = 10.0  # ... or per this many seconds, whichever comes first
@@ -35,21 +35,6 @@ def number(value: float | None) -> str:
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
     return f"{value:.4g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.2e}"
-
-
-def duration(seconds: float) -> str:
-    """0.02 s, 1.3 s, 12 s, 3 min 20 s, 1 h 05 min."""
-    if seconds < 1:
-        return f"{seconds:.2f} s"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def iteration_figures(data: dict[str, Any]) -> str:

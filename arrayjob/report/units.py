@@ -1,11 +1,12 @@
-"""Numbers as a person reads them on the report page: a unit, and as many significant
-digits as the figure deserves (four at most), never a raw float."""
+"""The report page's figures: the unit of each, and each in its unit (``arrayjob.units``
+formats every unit), with as many significant digits as the figure deserves (four at
+most), never a raw float."""
 
 from __future__ import annotations
 
 import math
 
-from arrayjob.units import size
+from arrayjob.units import dollars, duration, significant, size
 
 # the unit of each figure the report compares
 FIGURE_UNITS = {
@@ -14,48 +15,11 @@ FIGURE_UNITS = {
     "tasks.count": "count", "nodes.node_seconds": "s", "dollars.total": "$",
 }
 
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def significant(x: float, digits: int = 4) -> str:
-    """``x`` to ``digits`` significant digits, trailing zeros dropped; very small or large
-    as ``2.81 × 10⁻⁹`` (one digit fewer: the exponent carries the scale)."""
-    if x == 0 or not math.isfinite(x):
-        return f"{x:g}"
-    exponent = math.floor(math.log10(abs(x)))
-    if -3 <= exponent < 6:
-        text = f"{x:.{max(digits - 1 - exponent, 0)}f}"
-        return text.rstrip("0").rstrip(".") if "." in text else text
-    mantissa = f"{x / 10**exponent:.{digits - 2}f}".rstrip("0").rstrip(".")
-    return f"{mantissa} × 10{str(exponent).translate(_SUPERSCRIPT)}"
-
-
-def seconds(x: float) -> str:
-    """7.07 s, 12.3 ms, 2 min 05 s: three significant digits."""
-    if x == 0:
-        return "0 s"
-    if abs(x) < 1:
-        return f"{significant(x * 1000, 3)} ms"
-    if abs(x) < 60:
-        return f"{significant(x, 3)} s"
-    minutes, secs = divmod(round(x), 60)
-    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
-
-
-def dollars(x: float) -> str:
-    """$0, $0.000041, $3.41: cents where they matter, two significant digits below a cent."""
-    if x == 0:
-        return "$0"
-    if abs(x) >= 0.01:
-        return f"${x:,.2f}"
-    places = 1 - math.floor(math.log10(abs(x)))  # two significant digits, as a decimal
-    return f"${x:.{places}f}".rstrip("0")
-
 
 def quantity(x: float, unit: str) -> str:
     """``x`` in ``unit``: "s", "B" (decimal bytes), "count", "$", or a plain number."""
     if unit == "s":
-        return seconds(x)
+        return duration(x)
     if unit == "B":
         return size(x)
     if unit == "count":
