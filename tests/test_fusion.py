@@ -385,6 +385,33 @@ def test_cost_materialises_an_invariant_that_all_recomputes(invariant):
         assert _run(program, values, name)["score"] == pytest.approx(expected, rel=1e-12)
 
 
+def test_the_calibrated_transcendental_rate_reaches_fusion(tmp_path):
+    """A small loop invariant (``sum(exp(tanh(t)))``) beside a row kernel: at the shipped
+    profile's rates recomputing it in every row block costs less than a task of its own, so
+    ``cost`` fuses it; on a machine whose exp and tanh are 1,000 times slower (as ``arrayjob
+    calibrate`` would measure) the same plan materialises it once."""
+    import dataclasses
+
+    from arrayjob.costing.profile import SHIPPED
+
+    rng = np.random.default_rng(9)
+    Xa = _source(tmp_path, "X", rng.standard_normal((4000, 4)), (250, 4))
+    t, w = la.value("table", (2000,)), la.value("w", (4,))
+    program = {"score": la.sum(la.sigmoid(Xa @ w) * la.sum(la.exp(la.tanh(t))))}
+    graph = la.capture(list(program.values()))
+
+    def plan_at(profile):
+        cluster = dataclasses.replace(CLUSTER, **profile.placement_rates())
+        return make_plan(graph, PlanOptions(tiling="test-rows", fusion="cost", placement="roundrobin",
+                                            cluster=cluster))
+
+    slow = dataclasses.replace(SHIPPED, transcendental_per_s=SHIPPED.transcendental_per_s / 1000)
+    assert len(plan_at(SHIPPED).kernels) == 1
+    assert len(plan_at(slow).kernels) == 2
+    # the plan at the shipped profile's rates is the plan of the default cluster shape
+    assert plan_at(SHIPPED).kernels == _plan(program, "cost").kernels
+
+
 def _all_programs(tmp_path):
     rng = np.random.default_rng(8)
     X = _source(tmp_path, "PX", rng.standard_normal((1000, 3)), (100, 3))
