@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from arrayjob.report.figures import nice_ticks, quantity
 from arrayjob.report.html import render
-from arrayjob.report.units import nice_ticks, quantity
 from arrayjob.units import dollars, duration, significant
 
 SVG = "{http://www.w3.org/2000/svg}"

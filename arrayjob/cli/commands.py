@@ -186,7 +186,7 @@ def _warn(message: str) -> None:
 
 
 def _choose(job_spec, job, *, nodes: int | None, deadline: float | None, instance_type: str | None,
-            iterations: int | None, prices_path: str | None, profile_path: str | None):  # type: ignore[no-untyped-def]
+            iterations: int | None, prices_path: str | None, profile_path: str | None):
     from arrayjob.costing.prices import load_prices
     from arrayjob.costing.profile import load_profile
     from arrayjob.costing.sizing import choose_nodes
@@ -197,7 +197,7 @@ def _choose(job_spec, job, *, nodes: int | None, deadline: float | None, instanc
                         profile=load_profile(profile_path), iterations=iterations)
 
 
-def _check_cost(est, max_cost: float | None) -> None:  # type: ignore[no-untyped-def]
+def _check_cost(est, max_cost: float | None) -> None:
     from arrayjob.errors import CostLimitError
 
     total = est.dollars()["total"]

@@ -105,20 +105,20 @@ class Watch:
 
 def _event_line(event: ProgressEvent, watch: Watch) -> str | None:
     """The plain line of an event that always gets one, else None."""
-    d = event.data
+    d: dict[str, Any] = event.data
     if event.kind == "stage_end":
-        parts = [f"{event.stage} done in {duration(float(d['wall_seconds']))}"]  # type: ignore[arg-type]
+        parts = [f"{event.stage} done in {duration(float(d['wall_seconds']))}"]
         if watch.blocks:
             b = watch.blocks
             parts.append(f"{b['loaded']:,}/{b['total']:,} blocks")
         if d.get("bytes_read"):
-            wall = float(d["wall_seconds"])  # type: ignore[arg-type]
-            rate = f" ({size(int(d['bytes_read']) / wall)}/s)" if wall > 0 else ""  # type: ignore[call-overload]
-            parts.append(f"read {size(int(d['bytes_read']))}{rate}")  # type: ignore[call-overload]
+            wall = float(d["wall_seconds"])
+            rate = f" ({size(int(d['bytes_read']) / wall)}/s)" if wall > 0 else ""
+            parts.append(f"read {size(int(d['bytes_read']))}{rate}")
         if d.get("bytes_written"):
-            parts.append(f"wrote {size(int(d['bytes_written']))}")  # type: ignore[call-overload]
+            parts.append(f"wrote {size(int(d['bytes_written']))}")
         if d.get("tasks"):
-            parts.append(f"{int(d['tasks']):,} tasks")  # type: ignore[call-overload]
+            parts.append(f"{int(d['tasks']):,} tasks")
         return ", ".join(parts)
     if event.kind == "retry":
         return f"{event.stage}: {d['count']} {d['what']} {'retry' if d['count'] == 1 else 'retries'}"
@@ -153,15 +153,16 @@ class PlainLines:
     def __call__(self, event: ProgressEvent) -> None:
         self.watch.see(event)
         line = _event_line(event, self.watch)
+        data: dict[str, Any] = event.data
         if event.kind == "iteration":
-            k = int(event.data["iteration"])  # type: ignore[call-overload]
+            k = int(data["iteration"])
             if k - self._told_iteration >= self.every_iterations or event.seconds - self._told_at >= self.every_seconds:
                 line = (f"{event.stage}: iteration {k}/{event.data['max_iter']}: "
                         f"{iteration_figures(event.data)}{_left(self.watch)}")
         if line is None:
             return
         if event.kind == "iteration":
-            self._told_iteration = int(event.data["iteration"])  # type: ignore[call-overload]
+            self._told_iteration = int(data["iteration"])
         self._told_at = event.seconds
         self.write(f"[{event.seconds:7.2f} s] {line}")
 

@@ -13,6 +13,7 @@ bucket is removed afterwards.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import statistics
 import time
 import uuid
@@ -76,7 +77,7 @@ def elementwise_rates() -> tuple[float, float]:
 
     try:
         plain = _per_second(a.size * 20, lambda: run("a * b"))
-        seconds = [_median_seconds(lambda e=e: run(e)) for e in ("exp(a)", "log1p(a)")]
+        seconds = [_median_seconds(functools.partial(run, e)) for e in ("exp(a)", "log1p(a)")]
     finally:
         numexpr.set_num_threads(threads)
     return plain, a.size * 20 / sum(seconds) * len(seconds)
@@ -115,7 +116,7 @@ def einsum_rate() -> float:
     modes = [(Step(Op.EINSUM, Einsum("ijk,jf,kf->if"), (0, 1, 2), "float64"), [x, b, c]),
              (Step(Op.EINSUM, Einsum("ijk,if,kf->jf"), (0, 1, 2), "float64"), [x, a, c]),
              (Step(Op.EINSUM, Einsum("ijk,if,jf->kf"), (0, 1, 2), "float64"), [x, a, b])]
-    seconds = sum(_median_seconds(lambda s=s, v=v: evaluate(s, v)) for s, v in modes)
+    seconds = sum(_median_seconds(functools.partial(evaluate, s, v)) for s, v in modes)
     return 3 * 2.0 * i * j * k * f / seconds
 
 

@@ -58,7 +58,7 @@ class PriceTable:
 def _startup(value: object) -> float:
     if value == 0:
         return 0.0
-    return parse_duration(value)  # type: ignore[arg-type]
+    return parse_duration(value if isinstance(value, int | float | str) else str(value))
 
 
 def load_prices(path: str | Path | None = None) -> PriceTable:

@@ -126,6 +126,7 @@ class PageRank(Job):
             shape = attrs.get("shape")
             require(isinstance(shape, list) and len(shape) == 2 and shape[0] == shape[1],
                     f"inputs.edges: expected the CSR group's attribute shape = [n, n], got {shape!r}")
+            assert isinstance(shape, list)
             self.csr_nodes = int(shape[0])
             require(indptr.shape[0] == self.csr_nodes + 1,
                     f"inputs.edges.indptr: expected {self.csr_nodes + 1} entries for shape {shape}, got {indptr.shape[0]}")

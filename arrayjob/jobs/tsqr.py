@@ -277,6 +277,7 @@ class TSQR(Job):
         A = self.arrays["A"]
         n, d = A.shape
         workers = ctx.session.options.cluster.workers
+        assert ctx.result is not None, "TSQR writes Q block by block into the result group"
         target = ctx.result.create_array("Q", shape=(n, d), chunks=(A.chunks[0], d), dtype="float64")
 
         def writing_q(program: dict[str, la.BlockArray]) -> dict[str, la.BlockArray]:

@@ -35,6 +35,7 @@ runs the kernel, once per argument shapes and dtypes):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -185,7 +186,7 @@ class Program:
                 if at not in emitted:  # the packed loop runs once, before its first part
                     emitted.add(at)
                     ops.append(_Op(at, pack.inputs, Op.EINSUM, Einsum(pack.subscripts), pack.run))
-                ops.append(_Op(slot, (at,), "part", None, lambda vals, at=at, part=pack.parts[i]: part(vals[at])))
+                ops.append(_Op(slot, (at,), "part", None, functools.partial(_part, pack.parts[i], at)))
                 continue
             if i in self.rewrites:
                 rewrite = self.rewrites[i]
@@ -252,6 +253,11 @@ class Program:
         else:
             self.chunking.run(vals)
         return [vals[o] for o in self.kernel.outputs]
+
+
+def _part(part: Callable[[Any], Any], at: int, vals: list[Any]) -> Any:
+    """One step's value out of a packed loop's result (``rewrites.Packed.parts``)."""
+    return part(vals[at])
 
 
 def _live(ops: list[_Op], outputs: set[int]) -> list[_Op]:

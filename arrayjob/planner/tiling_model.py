@@ -200,8 +200,8 @@ class TilingModel:
         cost = 0
         for j, u in enumerate(g.nodes[v].inputs):
             rows = in_rows[j] if in_rows else None
-            c = self.classes[u][0] if rows else None
-            need = frozenset((c,)) if rows and self.blocks.get(c, 1) > 1 else frozenset()
+            c = self.classes[u][0] if rows else -1  # the class of its rows, when it is cut by rows
+            need: frozenset[int] = frozenset((c,)) if rows and self.blocks.get(c, 1) > 1 else frozenset()
             if cut(u) != need or (rows and self.lengths.get(c) != rows):
                 m = max(2, self.pieces(cut(u) | need))
                 cost += self.nbytes[u] * (m - 1) // m
