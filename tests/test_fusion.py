@@ -21,7 +21,7 @@ from arrayjob import kernels
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.kernels import block_kernel as running
-from arrayjob.kernels import compiler, primitives
+from arrayjob.kernels import compiler, primitives, row_chunks
 from arrayjob.planner import contraction, fusion, fusion_model
 from arrayjob.planner.ops import Const, Map, Op, Reduce
 from arrayjob.planner.physical import BlockKernel, Step
@@ -528,8 +528,8 @@ def test_kernel_problem_names_the_rule(logreg):
 def eager_compiler(monkeypatch):
     """numexpr and row sub-blocking on the tiny blocks of test programs, not only on big ones."""
     monkeypatch.setattr(compiler, "MIN_EXPRESSION_SIZE", 1)
-    monkeypatch.setattr(compiler, "MIN_CHUNK_ROWS", 1)
-    monkeypatch.setattr(compiler, "CHUNK_BYTES", 24)
+    monkeypatch.setattr(row_chunks, "MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(row_chunks, "CHUNK_BYTES", 24)
     compiled = []
     init = compiler.Program.__init__
 

@@ -3,7 +3,7 @@
 Compute rates are measured inside Ray tasks (one thread each, as the job's kernels run),
 one per kind of work the cost model counts (``planner.cost.WORK_KINDS``), each on the
 operation the kernels really run for it: numexpr expressions over a cache-sized row chunk
-(``compiler.CHUNK_BYTES``), ``kernels.primitives.evaluate`` for contractions, ``jobs.tsqr``'s
+(``row_chunks.CHUNK_BYTES``), ``kernels.primitives.evaluate`` for contractions, ``jobs.tsqr``'s
 LAPACK QR on its sub-blocks. Read and write rates are the block paths themselves (workers
 read a Zarr array of the bucket into the object store, and write it back with
 ``lazy.store``); request latency is measured from the driver. Everything written to the
@@ -64,7 +64,7 @@ def elementwise_rates() -> tuple[float, float]:
     transcendental rate is the mean time of exp and log1p."""
     import numexpr
 
-    from arrayjob.kernels.compiler import CHUNK_BYTES
+    from arrayjob.kernels.row_chunks import CHUNK_BYTES
 
     a = np.random.default_rng(2).random(CHUNK_BYTES // 8)
     b = np.random.default_rng(3).random(a.size)
@@ -86,8 +86,8 @@ def elementwise_rates() -> tuple[float, float]:
 def contraction_rates(cols: int = 64) -> tuple[float, float]:
     """(operand bytes/s of matrix × vector, flops/s of XᵀX) on row chunks of a 64 MiB block
     with ``cols`` columns, through ``kernels.primitives.evaluate`` as a compiled kernel's loop runs them."""
-    from arrayjob.kernels.compiler import CHUNK_BYTES
     from arrayjob.kernels.primitives import evaluate
+    from arrayjob.kernels.row_chunks import CHUNK_BYTES
     from arrayjob.planner.ops import Einsum, Op
     from arrayjob.planner.physical import Step
 
