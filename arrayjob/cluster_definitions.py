@@ -27,7 +27,7 @@ from arrayjob.costing.profile import MachineProfile
 from arrayjob.costing.sizing import choose_nodes
 from arrayjob.errors import SpecError
 from arrayjob.spec import JobSpec
-from arrayjob.units import size
+from arrayjob.units import dollars, duration, size
 
 TARGETS = ("ray-cluster", "kuberay")
 # the most of a node's memory an object store may take: workers need the rest (on Kubernetes,
@@ -55,7 +55,7 @@ class ClusterSize:
             f"{self.nodes} × {self.instance.name} ({self.instance.vcpus} vCPUs, {self.instance.memory_gib:g} GiB), "
             f"up to {self.max_nodes}: {self.reason}",
             f"object store {size(self.object_store_bytes)} per node for a plan peak of {size(self.peak_bytes)}; "
-            f"estimated {self.wall_seconds:.0f} s and ${self.dollars:.4f} per run",
+            f"estimated {duration(self.wall_seconds)} and {dollars(self.dollars)} per run",
         ]
 
 
