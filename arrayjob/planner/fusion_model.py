@@ -44,10 +44,10 @@ from arrayjob.planner.plan import ClusterShape, Plan
 from arrayjob.planner.reduction import tree_size
 from arrayjob.planner.work import einsum_work, map_work
 
-Work = tuple[tuple[str, int], ...]  # (kind, amount), sorted by kind, no zero amounts
+WorkAmounts = tuple[tuple[str, int], ...]  # (kind, amount), sorted by kind, no zero amounts: hashable
 
 
-def _work(*parts: Iterable[tuple[str, int]]) -> Work:
+def _work(*parts: Iterable[tuple[str, int]]) -> WorkAmounts:
     total: dict[str, int] = {}
     for part in parts:
         for kind, amount in part:
@@ -62,7 +62,7 @@ class KernelCost:
 
     tasks: int
     bytes_touched: int
-    work: Work = ()
+    work: WorkAmounts = ()
 
     def seconds(self, shape: ClusterShape) -> float:
         """One worker's time for the kernel at ``shape``'s rates."""
