@@ -27,14 +27,14 @@ def significant(x: float, digits: int = 4) -> str:
 
 
 def duration(secs: float) -> str:
-    """Seconds as people read them, three significant digits: 12.3 ms, 7.07 s, 2 min 05 s,
-    1 h 05 min."""
+    """Seconds as people read them: 12.3 ms, 7.07 s, 42.00 s, 2 min 05 s, 1 h 05 min
+    (hundredths of a second, as the run's summary has always shown its wall time)."""
     if secs == 0:
         return "0 s"
-    if abs(secs) < 1:
+    if abs(secs) < 0.9995:  # what rounds to 1000 ms is 1.00 s
         return f"{significant(secs * 1000, 3)} ms"
-    if abs(secs) < 60:
-        return f"{significant(secs, 3)} s"
+    if abs(secs) < 59.995:
+        return f"{secs:.2f} s"
     minutes, rest = divmod(round(secs), 60)
     return f"{minutes} min {rest:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 

@@ -136,7 +136,7 @@ def probe_writable(location: Location, options: StorageOptions, key: str) -> int
 
 def _size(n: int) -> str:
     """``size`` and the exact count, for a message that compares two sizes."""
-    return f"{size(n)} ({n:,} bytes)"
+    return f"{size(n)} ({n:,} bytes)" if n >= 1000 else f"{n:,} bytes"
 
 
 def _reason(exc: OSError) -> str:
