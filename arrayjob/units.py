@@ -2,8 +2,8 @@
 (``size``, ``duration``, ``dollars``, ``significant``) and the parsers of what the spec and
 the CLI take (``parse_bytes``, ``parse_duration``).
 
->>> size(52_800_000), duration(125), dollars(0.000041), significant(2.81e-9, 3)
-('52.8 MB', '2 min 05 s', '$0.000041', '2.8 × 10⁻⁹')
+>>> size(52_800_000), duration(0.376), duration(125), dollars(0.000041), significant(2.81e-9, 3)
+('52.8 MB', '0.38 s', '2 min 05 s', '$0.000041', '2.8 × 10⁻⁹')
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ def significant(x: float, digits: int = 4) -> str:
 
 
 def duration(secs: float) -> str:
-    """Seconds as people read them: 12.3 ms, 7.07 s, 42.00 s, 2 min 05 s, 1 h 05 min
-    (hundredths of a second, as the run's summary has always shown its wall time)."""
+    """Seconds as people read them: 4.9 ms, 0.38 s, 7.07 s, 42.00 s, 2 min 05 s, 1 h 05 min
+    (hundredths of a second below a minute, as the run's summary has always shown its wall
+    time; milliseconds below a hundredth)."""
     if secs == 0:
         return "0 s"
-    if abs(secs) < 0.9995:  # what rounds to 1000 ms is 1.00 s
+    if abs(secs) < 0.00995:  # below what hundredths show
         return f"{significant(secs * 1000, 3)} ms"
     if abs(secs) < 59.995:
         return f"{secs:.2f} s"
