@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 BUCKET ?= .arrayjob/bucket
 DEMO   := $(BUCKET)/demo/logreg
 
-.PHONY: demo test test-autoscale test-airflow deploy-examples bench lint clean check-report
+.PHONY: demo test typecheck test-autoscale test-airflow deploy-examples bench lint clean check-report
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,10 +35,14 @@ demo: $(VENV)/.installed $(DEMO)/X.zarr/zarr.json
 # The fake autoscaling cluster's tests (tests/autoscale) run last, in their own pytest
 # process inside a private PID, mount and network namespace: starting and stopping that
 # cluster acts on every Ray process it can see. Needs root (or unprivileged user namespaces).
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test typecheck
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 	unshare --pid --fork --mount-proc --net sh tests/autoscale/run.sh
+
+# mypy over the package ([tool.mypy] in pyproject.toml says what and how).
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy
 
 test-autoscale: $(VENV)/.installed-test
 	unshare --pid --fork --mount-proc --net sh tests/autoscale/run.sh

@@ -127,7 +127,7 @@ def _tensor_shape(req: DatagenRequest) -> tuple[int, int, int]:
     shape = req.shape or (req.rows, req.cols, req.cols)
     if len(shape) != 3:
         raise SpecError(f"datagen: --shape must have 3 sizes (I,J,K), got {shape}")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 def _low_rank_tensor(req: DatagenRequest, counters: StorageCounters) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

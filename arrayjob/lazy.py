@@ -26,8 +26,8 @@ import numpy as np
 from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.planner import ops
 from arrayjob.planner.ir import Graph, Node, infer_shape
+from arrayjob.planner.kernel import Kernel, Work
 from arrayjob.planner.ops import ELEMENTWISE, REDUCTIONS, Op, OpAttrs
-from arrayjob.planner.physical import Kernel, Work
 
 
 class BlockArray:
@@ -195,7 +195,7 @@ def _map(name: str, *args: Any) -> BlockArray:
     return BlockArray(Op.MAP, inputs, shape, _result_dtype(fn, inputs), attrs)
 
 
-def _unary(fn: str):  # type: ignore[no-untyped-def]
+def _unary(fn: str):
     def apply(x: Any) -> BlockArray:
         return _map(fn, x)
 
@@ -345,7 +345,7 @@ def map_blocks(kernel: Kernel, *arrays: BlockArray,
             raise ValueError(f"map_blocks {kernel.name}: inputs are not cut into the same number of blocks")
     return tuple(
         BlockArray(Op.BLOCKWISE, tuple(arrays), out[0], str(np.dtype(out[1])),
-                   ops.Blockwise(kernel, i, rows, out[2], out[3] if len(out) > 3 else None))  # type: ignore[misc]
+                   ops.Blockwise(kernel, i, rows, out[2], out[3] if len(out) > 3 else None))
         for i, out in enumerate(outputs)
     )
 

@@ -13,7 +13,8 @@ from bench_harness import Row, dask_threads, repeat_timed, stopwatch, timed
 from bench_logreg import TUNING
 
 from arrayjob.jobs.base import JobContext
-from arrayjob.jobs.pagerank import PageRank, PageRankParams, distinct
+from arrayjob.jobs.pagerank import PageRank, PageRankParams
+from arrayjob.jobs.pagerank_graph import distinct
 from arrayjob.jobs.tensor import MTTKRP, MTTKRPParams
 from arrayjob.runtime.metrics import RunMetrics
 
@@ -29,7 +30,7 @@ def scipy_graph(edges: np.ndarray, n: int) -> tuple[Any, np.ndarray]:
     by the out-degrees once, as arrayjob's kept blocks are), and the dangling nodes."""
     import scipy.sparse
 
-    keys = distinct(edges[:, 1] * n + edges[:, 0])  # np.unique, at np.sort's speed (jobs.pagerank.distinct)
+    keys = distinct(edges[:, 1] * n + edges[:, 0])  # np.unique, at np.sort's speed (jobs.pagerank_graph.distinct)
     At = scipy.sparse.csr_matrix((np.ones(len(keys)), (keys // n, keys % n)), shape=(n, n))
     outdeg = np.asarray(At.sum(axis=0)).ravel()
     dangling = outdeg == 0

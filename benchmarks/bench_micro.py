@@ -252,7 +252,7 @@ def pagerank_build(_: argparse.Namespace) -> None:
     import scipy.sparse
     import zarr
 
-    from arrayjob.jobs.pagerank import (
+    from arrayjob.jobs.pagerank_graph import (
         BuildBlock,
         SplitByTarget,
         degree_order,
@@ -320,7 +320,7 @@ def pagerank_order(_: argparse.Namespace) -> None:
     """The SpMV of each of the two blocks of Aᵀ D⁻¹ (as the pagerank job cuts the full-size
     graph on 2 workers) under the Fibonacci-hashed numbering and under ``degree_order``'s,
     one thread, three alternating rounds: the busiest sources' ranks stay in the cache."""
-    from arrayjob.jobs.pagerank import degree_order
+    from arrayjob.jobs.pagerank_graph import degree_order
 
     edges, n = _graph()
     labels = degree_order(np.bincount(edges[:, 0], minlength=n), -(-n // 2)).astype(np.int64)
@@ -343,7 +343,7 @@ def pagerank_iteration(_: argparse.Namespace) -> None:
     import numba
     import ray
 
-    from arrayjob.jobs.pagerank import degree_order
+    from arrayjob.jobs.pagerank_graph import degree_order
 
     edges, n = _graph()
     split = -(-n // 2)
@@ -607,7 +607,7 @@ def mttkrp_gemm(_: argparse.Namespace) -> None:
                             ("X(ij, k) @ (400 × 128)", lambda: X2 @ np.hstack([C, C, C, C]), 4 * flops)):
             t = timed(fn, 5).median
             print(f"  {name:24s} {t * 1e3:7.1f} ms  {f / t / 1e9:5.1f} GFLOP/s")
-        from arrayjob.kernels.block import einsum
+        from arrayjob.kernels.primitives import einsum
         from arrayjob.planner import contraction
 
         for label, piece_bytes in (("in pieces (the kernel)", contraction.PIECE_BYTES), ("whole", 2**62)):

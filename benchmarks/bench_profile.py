@@ -257,9 +257,9 @@ def _row_loop_variants(kernel, block_args):  # type: ignore[no-untyped-def]
     arithmetic: what the transcendental calls cost inside the loop."""
     from bench_harness import timed
 
-    from arrayjob.kernels import blockprogram, rowloop
+    from arrayjob.kernels import compiler, rowloop
 
-    program = blockprogram.Program(kernel, block_args)
+    program = compiler.Program(kernel, block_args)
     if program.chunking is None or program.row_loop is None:
         return {}
     loop = rowloop._RowLoop(program, program.chunking.carrier)

@@ -224,7 +224,7 @@ def test_two_jobs_in_one_process_keep_their_own_parameters(put):
     jobs would), each must compute with its own constant: the kernel's function is part of
     its identity, so they never share a cached plan."""
     from arrayjob import lazy as la
-    from arrayjob.planner.physical import Kernel
+    from arrayjob.planner.kernel import Kernel
 
     X = np.arange(24.0).reshape(12, 2)
     info = put("X", X, (4, 2))
@@ -239,7 +239,7 @@ def test_two_jobs_in_one_process_keep_their_own_parameters(put):
 
 @pytest.mark.parametrize("size,high", [(0, 5), (1, 5), (2, 1), (1000, 10), (100_000, 2**40)])
 def test_distinct_is_numpy_unique(size, high):
-    from arrayjob.jobs.pagerank import distinct
+    from arrayjob.jobs.pagerank_graph import distinct
 
     keys = np.random.default_rng(size).integers(0, high, size)
     assert np.array_equal(distinct(keys), np.unique(keys))
@@ -257,7 +257,7 @@ def _rmat_edges(rng: np.random.Generator, n: int, m: int, scale: int = 17) -> np
 
 @pytest.mark.parametrize("n,blocks", [(1, 1), (2, 2), (3, 2), (10, 4), (997, 3), (1000, 4), (2**20, 2), (999_999, 7)])
 def test_degree_order_is_a_bijection_into_the_blocks(n, blocks):
-    from arrayjob.jobs.pagerank import by_node_id, degree_order
+    from arrayjob.jobs.pagerank_graph import by_node_id, degree_order
 
     out_edges = np.random.default_rng(n).integers(0, 50, n) ** 2
     block = -(-n // blocks)
@@ -272,7 +272,7 @@ def test_degree_order_is_a_bijection_into_the_blocks(n, blocks):
 
 
 def test_degree_order_puts_the_busiest_sources_first_and_balances_a_power_law_graph():
-    from arrayjob.jobs.pagerank import degree_order
+    from arrayjob.jobs.pagerank_graph import degree_order
 
     rng, n, blocks = np.random.default_rng(11), 100_000, 4
     edges = _rmat_edges(rng, n, 400_000)

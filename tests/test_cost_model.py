@@ -15,7 +15,7 @@ from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.jobs.tsqr import SUB_ROWS, cholesky_qr2_program, gram_program, tsqr_program
 from arrayjob.planner.cost import WORK_KINDS, kernel_work, qr_flops
-from arrayjob.planner.physical import Kernel
+from arrayjob.planner.kernel import Kernel
 from arrayjob.planner.pipeline import make_plan
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from tests.helpers import write_array
@@ -176,7 +176,7 @@ def test_results_big_enough_for_the_object_store_are_priced_as_fresh_memory(X):
 
 def test_graph_rates_time_the_kernels_pagerank_declares():
     from arrayjob.costing.calibrate import graph_rates
-    from arrayjob.jobs.pagerank import GraphWork
+    from arrayjob.jobs.pagerank_graph import GraphWork
 
     rates = graph_rates()
     declared = set()

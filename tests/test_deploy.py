@@ -132,7 +132,7 @@ def test_the_shipped_examples_are_valid(target: str) -> None:
 
 def test_ray_cluster_sized_by_nodes(big_spec: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from arrayjob.deploy import object_store_bytes
+    from arrayjob.cluster_definitions import object_store_bytes
 
     code, out, err = deploy(str(big_spec), "--target", "ray-cluster", "--nodes", "4", "--max-nodes", "6",
                             *local_inputs(workdir), monkeypatch=monkeypatch, capsys=capsys)
@@ -188,7 +188,7 @@ def test_a_deadline_picks_the_cheapest_count_that_meets_it(big_spec: Path, workd
     code, out, err = deploy(str(big_spec), "--target", "ray-cluster", "--deadline", "1s", "--max-nodes", "64",
                             *local_inputs(workdir), monkeypatch=monkeypatch, capsys=capsys)
     assert code == 3 and out == ""
-    assert err.splitlines()[-1].startswith("arrayjob: error: no node count up to 64 meets --deadline 1.0 s")
+    assert err.splitlines()[-1].startswith("arrayjob: error: no node count up to 64 meets --deadline 1.00 s")
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -84,7 +84,7 @@ def test_unknown_instance_type(spec, capsys):
 def test_cost_limit_message_shows_the_total_above_the_limit(total, limit, message):
     from types import SimpleNamespace
 
-    from arrayjob.cli.main import _check_cost
+    from arrayjob.cli.commands import _check_cost
     from arrayjob.errors import CostLimitError
 
     with pytest.raises(CostLimitError) as raised:

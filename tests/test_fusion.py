@@ -20,8 +20,8 @@ import arrayjob.lazy as la
 from arrayjob import kernels
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
-from arrayjob.kernels import block as block_kernels
-from arrayjob.kernels import blockprogram, programs
+from arrayjob.kernels import block_kernel as running
+from arrayjob.kernels import compiler, primitives, row_chunks
 from arrayjob.planner import contraction, fusion, fusion_model
 from arrayjob.planner.ops import Const, Map, Op, Reduce
 from arrayjob.planner.physical import BlockKernel, Step
@@ -253,7 +253,7 @@ def test_kmeans_matches_numpy(kmeans, fusion_name):
 
 @pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0], [2.0, 2.0, 7.0, 0.0]])  # any ids: repeated, missing
 def test_one_hot_products_run_as_loops_and_match_the_products(ids, monkeypatch):  # and argmin over short rows
-    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 0)
+    monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 0)
     rng = np.random.default_rng(8)
     n, d, k = 50_000, 5, 4
     X, C = rng.standard_normal((n, d)), rng.standard_normal((k, d))
@@ -262,7 +262,7 @@ def test_one_hot_products_run_as_loops_and_match_the_products(ids, monkeypatch):
     onehot = (labels == group) * 1.0
     outputs = [onehot.T @ x, onehot.sum(axis=0), la.square(x - onehot @ c).sum()]
     kernel, args = block_kernel(outputs, {"X": X, "C": C, "ids": np.array(ids)})
-    program = blockprogram.Program(kernel, args)
+    program = compiler.Program(kernel, args)
     assert len(program.rewrites) == 4  # three products and the argmin
     assert not any(program.shapes[op.out] == (n, k) and op.kind == "map" for op in program.ops)  # E is never built
     for got, want in zip(kernels.run(kernel, *args), kernels.interpret(kernel, *args), strict=True):
@@ -270,7 +270,7 @@ def test_one_hot_products_run_as_loops_and_match_the_products(ids, monkeypatch):
 
 
 def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
-    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 0)
+    monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 0)
     rng = np.random.default_rng(10)
     n, d, k = 40_000, 6, 5
     X = rng.integers(-3, 4, (n, d)).astype(float)  # small integers: exact sums, so ties are exact
@@ -280,7 +280,7 @@ def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
     x, c, csq = la.value("X", (n, d)), la.value("C", (k, d)), la.value("csq", (k,))
     labels = (csq - 2.0 * (x @ c.T)).argmin(axis=1, keepdims=True)
     kernel, args = block_kernel([labels], {"X": X, "C": C, "csq": (C**2).sum(1)})
-    program = blockprogram.Program(kernel, args)
+    program = compiler.Program(kernel, args)
     assert len(program.rewrites) == 1
     assert not any(program.shapes[op.out] == (n, k) for op in program.ops)  # no n × k scores
     np.testing.assert_array_equal(kernels.run(kernel, *args), kernels.interpret(kernel, *args))
@@ -289,7 +289,7 @@ def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
 @pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0, 4.0], [3.0, 3.0, 9.0, 0.0, 1.0]])  # repeated, missing
 @pytest.mark.parametrize("n", [40_001, 40_000])  # an odd row left after the pairs, or none
 def test_kmeans_step_is_one_loop_over_X_and_matches_the_products(ids, n, monkeypatch):
-    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 0)
+    monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 0)
     rng = np.random.default_rng(11)
     d, k = 6, 5
     X = rng.integers(-3, 4, (n, d)).astype(float)  # small integers: exact sums and exact ties
@@ -299,7 +299,7 @@ def test_kmeans_step_is_one_loop_over_X_and_matches_the_products(ids, n, monkeyp
     onehot = ((csq - 2.0 * (x @ c.T)).argmin(axis=1, keepdims=True) == group) * 1.0
     kernel, args = block_kernel([onehot.T @ x, onehot.sum(axis=0)],
                                 {"X": X, "C": C, "csq": (C**2).sum(1), "ids": np.array(ids)})
-    program = blockprogram.Program(kernel, args)
+    program = compiler.Program(kernel, args)
     assert len(program.packed) == 1
     readers = [op for op in program.ops if 0 in op.inputs]  # X is argument 0
     assert len(readers) == 1, [op.kind for op in program.ops]  # one pass: no separate assignment, sums, counts
@@ -383,6 +383,33 @@ def test_cost_materialises_an_invariant_that_all_recomputes(invariant):
     expected = np.sum(1 / (1 + np.exp(-X @ values["w"]))) * np.exp(np.tanh(values["table"])).sum()
     for name in FUSIONS:
         assert _run(program, values, name)["score"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_calibrated_transcendental_rate_reaches_fusion(tmp_path):
+    """A small loop invariant (``sum(exp(tanh(t)))``) beside a row kernel: at the shipped
+    profile's rates recomputing it in every row block costs less than a task of its own, so
+    ``cost`` fuses it; on a machine whose exp and tanh are 1,000 times slower (as ``arrayjob
+    calibrate`` would measure) the same plan materialises it once."""
+    import dataclasses
+
+    from arrayjob.costing.profile import SHIPPED
+
+    rng = np.random.default_rng(9)
+    Xa = _source(tmp_path, "X", rng.standard_normal((4000, 4)), (250, 4))
+    t, w = la.value("table", (2000,)), la.value("w", (4,))
+    program = {"score": la.sum(la.sigmoid(Xa @ w) * la.sum(la.exp(la.tanh(t))))}
+    graph = la.capture(list(program.values()))
+
+    def plan_at(profile):
+        cluster = dataclasses.replace(CLUSTER, **profile.placement_rates())
+        return make_plan(graph, PlanOptions(tiling="test-rows", fusion="cost", placement="roundrobin",
+                                            cluster=cluster))
+
+    slow = dataclasses.replace(SHIPPED, transcendental_per_s=SHIPPED.transcendental_per_s / 1000)
+    assert len(plan_at(SHIPPED).kernels) == 1
+    assert len(plan_at(slow).kernels) == 2
+    # the plan at the shipped profile's rates is the plan of the default cluster shape
+    assert plan_at(SHIPPED).kernels == _plan(program, "cost").kernels
 
 
 def _all_programs(tmp_path):
@@ -500,18 +527,18 @@ def test_kernel_problem_names_the_rule(logreg):
 @pytest.fixture
 def eager_compiler(monkeypatch):
     """numexpr and row sub-blocking on the tiny blocks of test programs, not only on big ones."""
-    monkeypatch.setattr(blockprogram, "MIN_EXPRESSION_SIZE", 1)
-    monkeypatch.setattr(blockprogram, "MIN_CHUNK_ROWS", 1)
-    monkeypatch.setattr(blockprogram, "CHUNK_BYTES", 24)
+    monkeypatch.setattr(compiler, "MIN_EXPRESSION_SIZE", 1)
+    monkeypatch.setattr(row_chunks, "MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(row_chunks, "CHUNK_BYTES", 24)
     compiled = []
-    init = blockprogram.Program.__init__
+    init = compiler.Program.__init__
 
     def record(self, kernel, args):
         init(self, kernel, args)
         compiled.append(self)
 
-    monkeypatch.setattr(blockprogram.Program, "__init__", record)
-    monkeypatch.setattr(programs, "PROGRAMS", programs.CompiledPrograms())
+    monkeypatch.setattr(compiler.Program, "__init__", record)
+    monkeypatch.setattr(running, "PROGRAMS", running.CompiledPrograms())
     return compiled
 
 
@@ -548,7 +575,7 @@ def test_logistic_kernel_is_one_chunked_pass_with_expressions(logreg):
     n = 200_000
     arrays = {"X": rng.standard_normal((n, 6)), "y": (rng.random(n) > 0.5).astype(float), "w": rng.standard_normal(6)}
     args = [arrays[getattr(a, "array", None) or a.name] for a in task.args]
-    compiled = blockprogram.Program(kernel, args)
+    compiled = compiler.Program(kernel, args)
     assert compiled.chunking is not None and compiled.chunking.rows < n
     expressions = [op.expression for op in compiled.ops if op.expression is not None and "v" in op.expression]
     assert any("(1/(1+exp(-" in text for text in expressions)  # sigmoid, rewritten for numexpr
@@ -562,13 +589,13 @@ def test_logistic_kernel_is_one_chunked_pass_with_expressions(logreg):
                    np.array([-1000.0, 1e-300, 710.0, 1e308, -np.inf, np.inf, -5.0]))),
 ])
 def test_rewritten_functions_are_stable_at_the_extremes(monkeypatch, fn, args):
-    monkeypatch.setattr(blockprogram, "MIN_EXPRESSION_SIZE", 1)
+    monkeypatch.setattr(compiler, "MIN_EXPRESSION_SIZE", 1)
     # a two-step expression, so that numexpr (not a single NumPy call) evaluates the rewrite
     n = len(args)
     steps = (Step(Op.CONST, Const(1.0), (), "float64"), Step(Op.MAP, Map(fn), tuple(range(n)), "float64"),
              Step(Op.MAP, Map("multiply"), (n + 1, n), "float64"))
     kernel = BlockKernel(fn, n, steps, (n + 2,))
-    program = blockprogram.Program(kernel, args)
+    program = compiler.Program(kernel, args)
     assert [op.kind for op in program.ops if op.out == n + 2] == ["map"]
     assert "exp(" in program.ops[-1].expression
     with np.errstate(all="ignore"):
@@ -577,29 +604,29 @@ def test_rewritten_functions_are_stable_at_the_extremes(monkeypatch, fn, args):
 
 
 def test_a_block_kernel_is_plain_data_and_a_fresh_copy_reuses_its_compiled_program(monkeypatch):
-    monkeypatch.setattr(programs, "PROGRAMS", programs.CompiledPrograms())
+    monkeypatch.setattr(running, "PROGRAMS", running.CompiledPrograms())
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal(50_000), rng.standard_normal(50_000)
     steps = (Step(Op.MAP, Map("subtract"), (0, 1), "float64"), Step(Op.MAP, Map("exp"), (2,), "float64"),
              Step(Op.MAP, Map("logaddexp"), (3, 0), "float64"), Step(Op.REDUCE, Reduce("sum", (0,)), (4,), "float64"))
     kernel = BlockKernel("k", 2, steps, (4, 5))
     first = kernels.run(kernel, x, y)
-    program = programs.PROGRAMS.get(kernel, (x, y))
+    program = running.PROGRAMS.get(kernel, (x, y))
     copy = pickle.loads(pickle.dumps(kernel))  # what a worker receives for every task
     assert copy == kernel and copy.__dict__ == kernel.__dict__
     # a fresh copy in the same process finds the program compiled for the first
-    assert programs.PROGRAMS.get(copy, (x, y)) is program
+    assert running.PROGRAMS.get(copy, (x, y)) is program
     for got, want in zip(kernels.run(copy, x, y), first, strict=True):
         np.testing.assert_array_equal(got, want)
     for got, want in zip(first, kernels.interpret(kernel, x, y), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
     # a constant is part of the key: another constant compiles another program
     other = BlockKernel("k", 2, (Step(Op.CONST, Const(2.0), (), "float64"),) + steps, (5, 6))
-    assert programs.PROGRAMS.get(other, (x, y)) is not program
+    assert running.PROGRAMS.get(other, (x, y)) is not program
 
 
 def test_steps_numexpr_cannot_do_stay_numpy(monkeypatch):
-    monkeypatch.setattr(blockprogram, "MIN_EXPRESSION_SIZE", 1)
+    monkeypatch.setattr(compiler, "MIN_EXPRESSION_SIZE", 1)
     x = np.linspace(-3, 3, 101)
     flags = x > 0
     steps = (
@@ -611,7 +638,7 @@ def test_steps_numexpr_cannot_do_stay_numpy(monkeypatch):
         Step(Op.MAP, Map("where"), (1, 4, 6), "float64"),  # 7: with 3 and 4, one expression
     )
     kernel = BlockKernel("k", 2, steps, (5, 7))
-    program = blockprogram.Program(kernel, [x, flags])
+    program = compiler.Program(kernel, [x, flags])
     kinds = {op.out: op.expression or op.attrs for op in program.ops}
     assert kinds[2] == Map("erf") and kinds[6] == Map("multiply")
     assert kinds[7] == "where(v1,exp((v2*v2)),v6)" and not {3, 4} & set(kinds)
@@ -652,14 +679,14 @@ def test_contractions_in_pieces_of_the_big_block_match_einsum(subscripts, monkey
     shapes = tuple(b.shape for b in blocks)
     cut = subscripts.split("->")[1] != "jf"  # mode 1 sums the big block's first axis away: whole
     assert (contraction.pieces(subscripts, shapes) is not None) == cut
-    np.testing.assert_allclose(block_kernels.einsum(subscripts, *blocks), np.einsum(subscripts, *blocks), rtol=1e-12)
+    np.testing.assert_allclose(primitives.einsum(subscripts, *blocks), np.einsum(subscripts, *blocks), rtol=1e-12)
     contraction.pieces.cache_clear()
 
 
 @pytest.mark.parametrize("subscripts", ["ijk,jf,kf->if", "ijk,if,kf->jf", "ijk,if,jf->kf", "ij,jk,kl->il",
                                         "ijk,kf,if->jf", "abc,c->ab"])
 def test_contractions_of_three_blocks_match_einsum(subscripts):
-    from arrayjob.kernels.block import einsum as _einsum
+    from arrayjob.kernels.primitives import einsum as _einsum
     from arrayjob.planner.contraction import blas_pair as _blas_pair
 
     rng = np.random.default_rng(10)

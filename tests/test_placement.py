@@ -19,9 +19,9 @@ from arrayjob.planner.physical import (
     BlockGrid,
     Combine,
     DriverValue,
+    InputArray,
     Kernel,
     PhysicalPlan,
-    Source,
     SourceBlock,
     Task,
     TaskResult,
@@ -191,7 +191,7 @@ def test_lshs_balances_memory_and_network_better_than_round_robin(tmp_path: Path
 def test_plan_cost_follows_objects_through_a_hand_built_plan() -> None:
     """Two nodes, five tasks, every byte accounted by hand (see cost.ClusterLoad's rules)."""
     info = ArrayInfo("A", Location("file", "/nowhere/A.zarr"), (20,), "float64", (10,), 3)
-    A = Source(info, BlockGrid((20,), (10,)))
+    A = InputArray(info, BlockGrid((20,), (10,)))
     w = DriverValue("w", (2,), 16)
     k = Kernel("k", Combine("sum"))
 
@@ -371,7 +371,7 @@ def test_compute_by_kind_decides_where_bytes_are_even() -> None:
     each, so either node fetches 8 bytes and touches as many bytes: by bytes alone the
     nodes are even and it goes to node 0, behind the QR; priced by kind, to node 1."""
     info = ArrayInfo("A", Location("file", "/nowhere/A.zarr"), (2000, 10), "float64", (1000, 10), 3)
-    A = Source(info, BlockGrid((2000, 10), (1000, 10)))
+    A = InputArray(info, BlockGrid((2000, 10), (1000, 10)))
     tasks = (
         Task("factor", Kernel("factor", Combine("sum"), cost=_factor_cost), (SourceBlock("A", (0, 0)),),
              out_shapes=((1,),), out_bytes=(8,)),
@@ -399,7 +399,7 @@ def test_a_free_task_leaves_the_node_that_ends_last() -> None:
     again, so node 0 ends at twice a factorisation and node 1 idles. Neither placement looks
     back; the relief pass moves ``early`` to node 1 and the plan ends after one."""
     info = ArrayInfo("A", Location("file", "/nowhere/A.zarr"), (2000, 10), "float64", (1000, 10), 3)
-    A = Source(info, BlockGrid((2000, 10), (1000, 10)))
+    A = InputArray(info, BlockGrid((2000, 10), (1000, 10)))
     w = DriverValue("w", (2,), 16)
     factor = Kernel("factor", Combine("sum"), cost=_factor_cost)
     tasks = (

@@ -24,7 +24,8 @@ from arrayjob.planner.ir import Graph
 from arrayjob.planner.lower import assemble_outputs
 from arrayjob.planner.pipeline import fuse, place
 from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling
-from arrayjob.planner.tiling import candidates, with_tilings
+from arrayjob.planner.tiling import with_tilings
+from arrayjob.planner.tiling_model import candidates
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
 from tests.helpers import write_array

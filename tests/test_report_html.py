@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from arrayjob.report.figures import nice_ticks, quantity
 from arrayjob.report.html import render
-from arrayjob.report.units import dollars, nice_ticks, quantity, seconds, significant
+from arrayjob.units import dollars, duration, significant
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -145,7 +146,7 @@ def test_significant(x, text):
 
 
 def test_units():
-    assert seconds(7.0654) == "7.07 s" and seconds(0.0123) == "12.3 ms" and seconds(125) == "2 min 05 s"
+    assert duration(7.0654) == "7.07 s" and duration(0.0123) == "0.01 s" and duration(125) == "2 min 05 s"
     assert dollars(0) == "$0" and dollars(3.9e-05) == "$0.000039" and dollars(12.345) == "$12.35"
     assert quantity(52800064, "B") == "52.8 MB" and quantity(1234, "count") == "1,234"
     assert nice_ticks(0) == [0.0, 1.0] and nice_ticks(18.5) == [0, 5, 10, 15, 20]

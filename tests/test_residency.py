@@ -14,9 +14,9 @@ from arrayjob.io.locations import ArrayInfo, Location, parse_uri
 from arrayjob.planner.physical import (
     BlockGrid,
     Combine,
+    InputArray,
     Kernel,
     PhysicalPlan,
-    Source,
     SourceBlock,
     Task,
     TaskResult,
@@ -196,7 +196,7 @@ def test_finer_blocks_keep_the_compiled_loops(tmp_path) -> None:
     are the same big job: its kernels say so (``worker_bytes``) and the workers compile the
     loops for them, as for its blocks without a budget; a small job's kernels do not."""
     from arrayjob import kernels
-    from arrayjob.kernels import blockprogram
+    from arrayjob.kernels import compiler
     from arrayjob.planner.physical import BlockKernel
     from arrayjob.planner.plan import TARGET_BLOCK_BYTES
     from arrayjob.planner.residency import block_target
@@ -214,8 +214,8 @@ def test_finer_blocks_keep_the_compiled_loops(tmp_path) -> None:
     assert big.worker_bytes == 3_000_000 * 64 * 8 // 2
     rng = np.random.default_rng(3)
     args = [rng.standard_normal((20_000, 64)), rng.standard_normal(64)]  # any block: the choice is the job's
-    assert blockprogram.Program(big, args).row_loop is not None
-    assert blockprogram.Program(small, args).row_loop is None
+    assert compiler.Program(big, args).row_loop is not None
+    assert compiler.Program(small, args).row_loop is None
     got, want = kernels.run(big, *args), kernels.interpret(big, *args)
     for g, r in zip(got, want, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-10)
@@ -264,7 +264,7 @@ def _shuffle(nodes: list[int], part: int = 100) -> PhysicalPlan:
                    out_bytes=(part,)) for i, n in enumerate(nodes)]
     builds = [Task(f"build{j}", kernel, tuple(TaskResult(f"split{i}") for i in range(k)), node=n,
                    out_shapes=((1,),), out_bytes=(8,)) for j, n in enumerate(nodes)]
-    return PhysicalPlan((Source(info, BlockGrid((k * 10,), (10,))),), (*splits, *builds),
+    return PhysicalPlan((InputArray(info, BlockGrid((k * 10,), (10,))),), (*splits, *builds),
                         tuple(TaskResult(b.id) for b in builds))
 
 

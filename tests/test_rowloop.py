@@ -9,7 +9,7 @@ import pytest
 
 from arrayjob import kernels
 from arrayjob import lazy as la
-from arrayjob.kernels import blockprogram, rowloop
+from arrayjob.kernels import compiler, rowloop
 from arrayjob.planner.ops import COMPARISONS, ELEMENTWISE
 from tests.helpers import block_kernel
 
@@ -26,18 +26,18 @@ def _data(scale=1.0):
 
 @pytest.fixture(autouse=True)
 def loops_on_small_blocks(monkeypatch):
-    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 0)
+    monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 0)
 
 
 def test_small_blocks_keep_the_pieces(monkeypatch):
-    monkeypatch.setattr(blockprogram, "LOOP_MIN_BYTES", 10 * N * D * 8)
+    monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 10 * N * D * 8)
     x, w = la.value("X", (N, D)), la.value("w", (D,))
     _check([x.T @ la.exp(x @ w)], _data(), fits=False)
 
 
 def _check(outputs, values, *, fits=True):
     kernel, args = block_kernel(outputs, values)
-    program = blockprogram.Program(kernel, args)
+    program = compiler.Program(kernel, args)
     assert (program.row_loop is not None) == fits
     with np.errstate(all="ignore"):
         want = kernels.interpret(kernel, *args)
@@ -65,7 +65,7 @@ def _shifted():
 
 def _loop(outputs, values, rewrites=None):
     kernel, args = block_kernel(outputs, values)
-    program = blockprogram.Program(kernel, args)
+    program = compiler.Program(kernel, args)
     return rowloop._RowLoop(program, program.chunking.carrier, rewrites)
 
 

@@ -19,12 +19,12 @@ import pytest
 import arrayjob.lazy as la
 from arrayjob.errors import SpecError
 from arrayjob.io.locations import ArrayInfo, Location
-from arrayjob.planner import tiling
+from arrayjob.planner import tiling, tiling_model
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.physical import Assemble
 from arrayjob.planner.pipeline import make_plan, strategy
 from arrayjob.planner.plan import ClusterShape, Plan, PlanOptions, Tiling
-from arrayjob.planner.tiling import candidates, communication_cost
+from arrayjob.planner.tiling_model import candidates, communication_cost
 from tests.test_programs import random_program
 
 P = 4
@@ -193,7 +193,7 @@ def test_the_tiling_decides_the_tasks_and_the_bytes_re_tiled() -> None:
 
 @pytest.mark.skipif(not hasattr(la, "map_blocks"), reason="needs lazy.map_blocks")
 def test_blocks_a_program_fixes_are_kept() -> None:
-    from arrayjob.planner.physical import Kernel
+    from arrayjob.planner.kernel import Kernel
 
     X = stored("X", (1000, 6), (100, 6))
     (scaled,) = la.map_blocks(Kernel("double", np.positive), X, outputs=[((1000, 6), "float64", 250)],
@@ -220,7 +220,7 @@ def test_greedy_finds_the_optimum_of_random_programs() -> None:
     equal, ratios, seconds = 0, [], []
     for seed in range(100):
         graph, options = random_case(seed)
-        tiling._model.cache_clear()  # time the whole search, cost tables included
+        tiling_model._model.cache_clear()  # time the whole search, cost tables included
         start = time.perf_counter()
         greedy = tiling.greedy(Plan(graph, options))
         seconds.append(time.perf_counter() - start)
@@ -240,7 +240,7 @@ def test_exact_is_the_optimum() -> None:
     checked = 0
     for seed in range(60):
         graph, options = random_case(seed)
-        model = tiling.tiling_model(graph, options)
+        model = tiling_model.tiling_model(graph, options)
         free = model.free_groups
         if math.prod(len(model.options_of[r]) for r in free) > 500:
             continue

@@ -45,9 +45,9 @@ def deploy(spec: str, target: str, nodes: int | None, deadline: float | None, ma
     Reads metadata only, as `estimate` does.
     """
     from arrayjob import runner
+    from arrayjob.cluster_definitions import cluster_definition, size_cluster
     from arrayjob.costing.prices import load_prices
     from arrayjob.costing.profile import load_profile
-    from arrayjob.deploy import deploy_file, size_cluster
     from arrayjob.errors import SpecError
     from arrayjob.spec import load_spec
     from arrayjob.submission import sent_spec
@@ -67,7 +67,7 @@ def deploy(spec: str, target: str, nodes: int | None, deadline: float | None, ma
                          profile=load_profile(), nodes=nodes, max_nodes=max_nodes, iterations=iterations,
                          deadline=deadline)
     command = shlex.join(["arrayjob", "deploy", *sys.argv[2:]]) if sys.argv[1:2] == ["deploy"] else "arrayjob deploy"
-    text = deploy_file(target, job_spec, sized, sent_spec(job_spec), command, {
+    text = cluster_definition(target, job_spec, sized, sent_spec(job_spec), command, {
         "region": region, "head_profile": head_profile, "worker_profile": worker_profile, "package": package,
         "image": image or f"arrayjob:{__version__}", "service_account": service_account, "role_arn": role_arn,
         "ttl": ttl})

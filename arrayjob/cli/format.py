@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from arrayjob.units import size
+from arrayjob.units import dollars, duration, size
 
-__all__ = ["final_line", "published_summary", "size", "summary"]
+__all__ = ["final_line", "published_summary", "summary"]
 
 
 FIGURES = (
-    ("wall_seconds", "wall time", lambda v: f"{v:.2f} s"),
+    ("wall_seconds", "wall time", duration),
     ("storage.bytes_read", "storage read", size),
     ("storage.get_requests", "GET requests", lambda v: f"{v:,}"),
     ("storage.bytes_written", "storage written", size),
@@ -19,7 +19,7 @@ FIGURES = (
     ("memory.peak_bytes_per_node", "peak memory per node", lambda v: ", ".join(size(b) for b in v)),
     ("tasks.count", "tasks", lambda v: f"{v:,}"),
     ("nodes.node_seconds", "node-seconds", lambda v: f"{v:.1f}"),
-    ("dollars.total", "dollars", lambda v: f"${v:.4f}"),
+    ("dollars.total", "dollars", dollars),
 )
 
 
@@ -77,15 +77,15 @@ def faults_line(report: dict[str, Any]) -> list[str]:
 
 
 def nodes_line(report: dict[str, Any]) -> list[str]:
-    """"  nodes: asked for 3 × fake.small, used 3 at most (3 added), 70.8 node-seconds, $0.0020",
+    """"  nodes: asked for 3 × fake.small, used 3 at most (3 added), 70.8 node-seconds, $0.002 of compute",
     for a run that sized its cluster."""
     n = report.get("nodes") or {}
     if "requested" not in n:
         return []
-    dollars = (report.get("dollars") or {}).get("compute")
+    compute = (report.get("dollars") or {}).get("compute")
     return [f"  nodes: asked for {n['requested']} × {n['instance_type']}, used {n['count']} at most "
             f"({n['added']} added), {n['node_seconds']:.1f} node-seconds"
-            + (f", ${dollars:.4f} of compute" if dollars is not None else "")]
+            + (f", {dollars(compute)} of compute" if compute is not None else "")]
 def memory_line(report: dict[str, Any]) -> list[str]:
     """"  memory: 31% of the inputs resident within a 480.0 MB budget; 10.8 GB brought back from the spill", when
     the budget streamed anything; what Ray spilled on its own, when a store overflowed."""
@@ -119,12 +119,12 @@ def summary(outcome: Any, *, table: bool = False) -> str:
         return (f"{spec.name}: already complete at {spec.output} "
                 f"(run {m.get('run_id', '?')}, {m.get('committed_at', '?')}); --overwrite to run again")
     r = outcome.report
-    stages = ", ".join(f"{s['name']} {s['wall_seconds']:.2f} s" for s in r["stages"])
+    stages = ", ".join(f"{s['name']} {duration(s['wall_seconds'])}" for s in r["stages"])
     st = r["storage"]
     lines = [f"{spec.name}: {outcome.description}"]
     lines += [f"  {line}" for line in outcome.result.summary]
     lines += [
-        f"  wall {r['wall_seconds']:.2f} s: {stages}",
+        f"  wall {duration(r['wall_seconds'])}: {stages}",
         f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
         f"{r['tasks']['count']:,} tasks on {_nodes(r)}, {r['cluster']['cpus']} CPUs",
@@ -146,7 +146,7 @@ def final_line(outcome: Any) -> str:
         return summary(outcome)
     r, m = outcome.report, outcome.manifest
     fit = outcome.result.summary[0] if outcome.result.summary else outcome.description
-    return (f"{spec.name}: {fit}; wall {r['wall_seconds']:.2f} s; "
+    return (f"{spec.name}: {fit}; wall {duration(r['wall_seconds'])}; "
             f"result {spec.output.join(m['prefix'])}/result.zarr (run {m['run_id']})")
 
 
@@ -163,7 +163,7 @@ def published_summary(output: Any, manifest: dict[str, Any], report: dict[str, A
     """What `arrayjob show` prints: the published run's summary, from its report.json."""
     r = report
     st = r["storage"]
-    stages = ", ".join(f"{s['name']} {s['wall_seconds']:.2f} s" for s in r["stages"])
+    stages = ", ".join(f"{s['name']} {duration(s['wall_seconds'])}" for s in r["stages"])
     result = ", ".join(f"{k.replace('_', ' ')} {_figure(v)}" for k, v in (r.get("result") or {}).items())
     prefix = manifest.get("prefix", "")
     where = output.join(prefix) if prefix else output
@@ -171,7 +171,7 @@ def published_summary(output: Any, manifest: dict[str, Any], report: dict[str, A
         f"{r['job']}: {r['algorithm']}, run {manifest.get('run_id', '?')}, published {manifest.get('committed_at', '?')}"
         f" by arrayjob {manifest.get('arrayjob_version', '?')}",
         f"  result: {result}" if result else "  result: (no figures)",
-        f"  wall {r['wall_seconds']:.2f} s: {stages}",
+        f"  wall {duration(r['wall_seconds'])}: {stages}",
         f"  read {size(st['bytes_read'])} in {st['get_requests']:,} requests, "
         f"wrote {size(st['bytes_written'])} in {st['put_requests']:,} requests; "
         f"{r['tasks']['count']:,} tasks on {_nodes(r)}, {r['cluster']['cpus']} CPUs",

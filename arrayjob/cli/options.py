@@ -12,12 +12,12 @@ set_option = click.option(
 
 
 def _duration_value(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    from arrayjob.units import seconds
+    from arrayjob.units import parse_duration
 
     if value is None:
         return None
     try:
-        return seconds(value)
+        return parse_duration(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 

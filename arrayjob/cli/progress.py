@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from arrayjob.runtime.metrics import ProgressEvent
-from arrayjob.units import size
+from arrayjob.units import duration, size
 
 EVERY_ITERATIONS = 10  # plain lines: one per this many iterations ...
 EVERY_SECONDS = 10.0  # ... or per this many seconds, whichever comes first
@@ -35,21 +35,6 @@ def number(value: float | None) -> str:
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
     return f"{value:.4g}" if 1e-3 <= abs(value) < 1e5 else f"{value:.2e}"
-
-
-def duration(seconds: float) -> str:
-    """0.02 s, 1.3 s, 12 s, 3 min 20 s, 1 h 05 min."""
-    if seconds < 1:
-        return f"{seconds:.2f} s"
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def iteration_figures(data: dict[str, Any]) -> str:
@@ -120,20 +105,20 @@ class Watch:
 
 def _event_line(event: ProgressEvent, watch: Watch) -> str | None:
     """The plain line of an event that always gets one, else None."""
-    d = event.data
+    d: dict[str, Any] = event.data
     if event.kind == "stage_end":
-        parts = [f"{event.stage} done in {duration(float(d['wall_seconds']))}"]  # type: ignore[arg-type]
+        parts = [f"{event.stage} done in {duration(float(d['wall_seconds']))}"]
         if watch.blocks:
             b = watch.blocks
             parts.append(f"{b['loaded']:,}/{b['total']:,} blocks")
         if d.get("bytes_read"):
-            wall = float(d["wall_seconds"])  # type: ignore[arg-type]
-            rate = f" ({size(int(d['bytes_read']) / wall)}/s)" if wall > 0 else ""  # type: ignore[call-overload]
-            parts.append(f"read {size(int(d['bytes_read']))}{rate}")  # type: ignore[call-overload]
+            wall = float(d["wall_seconds"])
+            rate = f" ({size(int(d['bytes_read']) / wall)}/s)" if wall > 0 else ""
+            parts.append(f"read {size(int(d['bytes_read']))}{rate}")
         if d.get("bytes_written"):
-            parts.append(f"wrote {size(int(d['bytes_written']))}")  # type: ignore[call-overload]
+            parts.append(f"wrote {size(int(d['bytes_written']))}")
         if d.get("tasks"):
-            parts.append(f"{int(d['tasks']):,} tasks")  # type: ignore[call-overload]
+            parts.append(f"{int(d['tasks']):,} tasks")
         return ", ".join(parts)
     if event.kind == "retry":
         return f"{event.stage}: {d['count']} {d['what']} {'retry' if d['count'] == 1 else 'retries'}"
@@ -168,15 +153,16 @@ class PlainLines:
     def __call__(self, event: ProgressEvent) -> None:
         self.watch.see(event)
         line = _event_line(event, self.watch)
+        data: dict[str, Any] = event.data
         if event.kind == "iteration":
-            k = int(event.data["iteration"])  # type: ignore[call-overload]
+            k = int(data["iteration"])
             if k - self._told_iteration >= self.every_iterations or event.seconds - self._told_at >= self.every_seconds:
                 line = (f"{event.stage}: iteration {k}/{event.data['max_iter']}: "
                         f"{iteration_figures(event.data)}{_left(self.watch)}")
         if line is None:
             return
         if event.kind == "iteration":
-            self._told_iteration = int(event.data["iteration"])  # type: ignore[call-overload]
+            self._told_iteration = int(data["iteration"])
         self._told_at = event.seconds
         self.write(f"[{event.seconds:7.2f} s] {line}")
 

@@ -3,7 +3,7 @@
 Compute rates are measured inside Ray tasks (one thread each, as the job's kernels run),
 one per kind of work the cost model counts (``planner.cost.WORK_KINDS``), each on the
 operation the kernels really run for it: numexpr expressions over a cache-sized row chunk
-(``blockprogram.CHUNK_BYTES``), ``kernels.block.evaluate`` for contractions, ``jobs.tsqr``'s
+(``row_chunks.CHUNK_BYTES``), ``kernels.primitives.evaluate`` for contractions, ``jobs.tsqr``'s
 LAPACK QR on its sub-blocks. Read and write rates are the block paths themselves (workers
 read a Zarr array of the bucket into the object store, and write it back with
 ``lazy.store``); request latency is measured from the driver. Everything written to the
@@ -13,6 +13,7 @@ bucket is removed afterwards.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import statistics
 import time
 import uuid
@@ -63,7 +64,7 @@ def elementwise_rates() -> tuple[float, float]:
     transcendental rate is the mean time of exp and log1p."""
     import numexpr
 
-    from arrayjob.kernels.blockprogram import CHUNK_BYTES
+    from arrayjob.kernels.row_chunks import CHUNK_BYTES
 
     a = np.random.default_rng(2).random(CHUNK_BYTES // 8)
     b = np.random.default_rng(3).random(a.size)
@@ -76,7 +77,7 @@ def elementwise_rates() -> tuple[float, float]:
 
     try:
         plain = _per_second(a.size * 20, lambda: run("a * b"))
-        seconds = [_median_seconds(lambda e=e: run(e)) for e in ("exp(a)", "log1p(a)")]
+        seconds = [_median_seconds(functools.partial(run, e)) for e in ("exp(a)", "log1p(a)")]
     finally:
         numexpr.set_num_threads(threads)
     return plain, a.size * 20 / sum(seconds) * len(seconds)
@@ -84,9 +85,9 @@ def elementwise_rates() -> tuple[float, float]:
 
 def contraction_rates(cols: int = 64) -> tuple[float, float]:
     """(operand bytes/s of matrix × vector, flops/s of XᵀX) on row chunks of a 64 MiB block
-    with ``cols`` columns, through ``kernels.block.evaluate`` as a compiled kernel's loop runs them."""
-    from arrayjob.kernels.block import evaluate
-    from arrayjob.kernels.blockprogram import CHUNK_BYTES
+    with ``cols`` columns, through ``kernels.primitives.evaluate`` as a compiled kernel's loop runs them."""
+    from arrayjob.kernels.primitives import evaluate
+    from arrayjob.kernels.row_chunks import CHUNK_BYTES
     from arrayjob.planner.ops import Einsum, Op
     from arrayjob.planner.physical import Step
 
@@ -104,7 +105,7 @@ def einsum_rate() -> float:
     """Flops/s (2 × the product of the label sizes) of a three-operand contraction: MTTKRP
     of each mode (``ijk,jf,kf->if`` and the others) on a 16 MiB block of a tensor, as a
     kernel step runs it."""
-    from arrayjob.kernels.block import evaluate
+    from arrayjob.kernels.primitives import evaluate
     from arrayjob.planner.ops import Einsum, Op
     from arrayjob.planner.physical import Step
 
@@ -115,7 +116,7 @@ def einsum_rate() -> float:
     modes = [(Step(Op.EINSUM, Einsum("ijk,jf,kf->if"), (0, 1, 2), "float64"), [x, b, c]),
              (Step(Op.EINSUM, Einsum("ijk,if,kf->jf"), (0, 1, 2), "float64"), [x, a, c]),
              (Step(Op.EINSUM, Einsum("ijk,if,jf->kf"), (0, 1, 2), "float64"), [x, a, b])]
-    seconds = sum(_median_seconds(lambda s=s, v=v: evaluate(s, v)) for s, v in modes)
+    seconds = sum(_median_seconds(functools.partial(evaluate, s, v)) for s, v in modes)
     return 3 * 2.0 * i * j * k * f / seconds
 
 
@@ -146,7 +147,7 @@ def graph_rates() -> dict[str, float]:
     the cache (2^19 nodes) and from one that does not (2^22 nodes, 32 MiB)."""
     import scipy.sparse
 
-    from arrayjob.jobs.pagerank import BuildBlock, SplitByTarget, degree_order
+    from arrayjob.jobs.pagerank_graph import BuildBlock, SplitByTarget, degree_order
 
     rng = np.random.default_rng(7)
     n = 2**22
@@ -248,7 +249,7 @@ def ray_rates(node_ids: tuple[str, ...], cpus: int) -> tuple[dict[str, float], f
         import scipy.linalg  # noqa: F401
 
         import arrayjob.io.arrays  # noqa: F401
-        import arrayjob.kernels.blockprogram  # noqa: F401
+        import arrayjob.kernels.compiler  # noqa: F401
         return None
 
     start = time.perf_counter()

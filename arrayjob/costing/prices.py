@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arrayjob.errors import SpecError
-from arrayjob.units import seconds
+from arrayjob.units import parse_duration
 
 DEFAULT = Path(__file__).with_name("prices.toml")
 
@@ -58,7 +58,7 @@ class PriceTable:
 def _startup(value: object) -> float:
     if value == 0:
         return 0.0
-    return seconds(value)  # type: ignore[arg-type]
+    return parse_duration(value if isinstance(value, int | float | str) else str(value))
 
 
 def load_prices(path: str | Path | None = None) -> PriceTable:

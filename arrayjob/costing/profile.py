@@ -14,7 +14,7 @@ from typing import Any
 
 from arrayjob.errors import SpecError
 from arrayjob.planner.cost import WORK_KINDS
-from arrayjob.planner.plan import SHIPPED_FLOPS_PER_S, WorkRates
+from arrayjob.planner.plan import SHIPPED_FLOPS_PER_S, SHIPPED_TASK_SECONDS, WorkRates
 from arrayjob.planner.plan import SHIPPED_WORK_RATES as _SHIPPED
 
 DEFAULT_PATH = Path(".arrayjob/profile.json")
@@ -50,9 +50,9 @@ class MachineProfile:
     qr_flops_per_s: float = _SHIPPED["qr_flops"]
     # jobs.tsqr.solve_block (trsm) on a 131,072 × 64 block
     triangular_solve_flops_per_s: float = _SHIPPED["triangular_solve_flops"]
-    # edges per second, jobs.pagerank.SplitByTarget on 2^21 edges
+    # edges per second, jobs.pagerank_graph.SplitByTarget on 2^21 edges
     edge_split_per_s: float = _SHIPPED["edge_split"]
-    # edges per second, jobs.pagerank.BuildBlock of 2^23 edges
+    # edges per second, jobs.pagerank_graph.BuildBlock of 2^23 edges
     edge_build_per_s: float = _SHIPPED["edge_build"]
     # nonzeros per second of a CSR matrix × vector (512K nodes)
     sparse_product_per_s: float = _SHIPPED["sparse_product"]
@@ -78,7 +78,8 @@ class MachineProfile:
         """This profile's rates as ``planner.plan.ClusterShape`` carries them, so placement
         weighs compute against traffic at the rates the estimate prices with."""
         return {"memory_bytes_per_s": self.memory_bytes_per_s, "network_bytes_per_s": self.network_bytes_per_s,
-                "work_rates": WorkRates({kind: self.rate(kind) for kind in WORK_KINDS}, default=self.flops_per_s)}
+                "work_rates": WorkRates({kind: self.rate(kind) for kind in WORK_KINDS}, default=self.flops_per_s),
+                "task_seconds": self.task_overhead_seconds}
 
     @property
     def calibrated(self) -> bool:
@@ -96,7 +97,7 @@ SHIPPED = MachineProfile(
     storage_read_bytes_per_s=4e8,
     storage_write_bytes_per_s=2e8,
     request_seconds=0.004,
-    task_overhead_seconds=0.002,
+    task_overhead_seconds=SHIPPED_TASK_SECONDS,
     network_bytes_per_s=1e9,
 )
 

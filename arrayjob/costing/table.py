@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from arrayjob.costing.estimate import Estimate
 from arrayjob.costing.profile import UNCALIBRATED
-from arrayjob.units import duration, size
-
-
-def _money(x: float) -> str:
-    return f"${x:,.2f}" if x >= 0.01 or x == 0 else f"${x:.4f}"
+from arrayjob.units import dollars, duration, size
 
 
 def table(est: Estimate, choice: str = "") -> str:
@@ -29,7 +25,7 @@ def table(est: Estimate, choice: str = "") -> str:
     stage_rows("connect", [("Start or reach Ray", f"{by['connect'].wall_seconds:.1f}", "s", "")])
     stage_rows("load", [
         ("Storage read", size(load.bytes_read), "", ""),
-        ("GET requests", f"{load.get_requests:,}", "requests", _money(d["get_requests"])),
+        ("GET requests", f"{load.get_requests:,}", "requests", dollars(d["get_requests"])),
         ("Wall time", f"{load.wall_seconds:.2f}", "s", ""),
     ])
     streaming = [("Re-read from storage", size(fit.bytes_reread), "", "")] if fit.bytes_reread else []
@@ -45,16 +41,16 @@ def table(est: Estimate, choice: str = "") -> str:
     ])
     stage_rows("write", [
         ("Storage written", size(write.bytes_written), "", ""),
-        ("PUT requests", f"{write.put_requests:,}", "requests", _money(d["put_requests"])),
+        ("PUT requests", f"{write.put_requests:,}", "requests", dollars(d["put_requests"])),
         ("Wall time", f"{write.wall_seconds:.2f}", "s", ""),
     ])
     rows.append((f"compute: {est.nodes} × {est.instance.name}", f"{est.node_seconds / 3600:.4f}", "node-hours",
-                 _money(d["compute"])))
+                 dollars(d["compute"])))
     width = max(len(r[0]) for r in rows) + 2
     lines = [f" {'Name':<{width}}{'Quantity':>12}  {'Unit':<12}{'Cost':>10}"]
     lines += [f" {n:<{width}}{q:>12}  {u:<12}{c:>10}" for n, q, u, c in rows]
     lines.append("")
-    lines.append(f" {'OVERALL TOTAL':<{width}}{'':>12}  {'':<12}{_money(d['total']):>10}")
+    lines.append(f" {'OVERALL TOTAL':<{width}}{'':>12}  {'':<12}{dollars(d['total']):>10}")
     lines.append("─" * (width + 37))
     peak = max(est.peak_bytes_per_node, default=0)
     lines.append(f" Peak memory per node: {size(peak)} (of {est.instance.memory_gib:g} GiB; "
@@ -63,7 +59,7 @@ def table(est: Estimate, choice: str = "") -> str:
         source = next((r.source for r in est.residencies if r.streams), "bucket")
         lines.append(f" Resident: {est.resident_fraction:.0%} of the inputs; streamed from the {source}, "
                      f"{size(est.reread_per_iteration)} brought back per iteration "
-                     f"(about {est.reread_seconds_per_iteration:.2f} s)")
+                     f"(about {duration(est.reread_seconds_per_iteration)})")
     if choice:
         lines.append(f" Nodes: {choice}")
     lines += [f" Assumes: {a}" for a in est.assumptions()]
@@ -77,4 +73,4 @@ def table(est: Estimate, choice: str = "") -> str:
 def summary(est: Estimate) -> str:
     load = next(s for s in est.stages if s.name == "load")
     return (f"This job will read {size(load.bytes_read)} in {load.get_requests:,} requests and run about "
-            f"{duration(est.wall_seconds)} on {est.nodes} × {est.instance.name}: about {_money(est.dollars()['total'])}.")
+            f"{duration(est.wall_seconds)} on {est.nodes} × {est.instance.name}: about {dollars(est.dollars()['total'])}.")

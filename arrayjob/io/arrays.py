@@ -17,6 +17,7 @@ import numpy as np
 import zarr
 import zarr.errors
 from zarr.codecs import Crc32cCodec, ZstdCodec
+from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.sync import sync
 
 from arrayjob.errors import InputError, StorageError
@@ -119,7 +120,7 @@ def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, A
 
 # How arrayjob writes arrays: every chunk stored, even one equal to the fill value (Zarr
 # skips those by default), so a chunk missing from an array arrayjob wrote is lost data.
-EVERY_CHUNK = {"write_empty_chunks": True}
+EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
 
 
 @functools.lru_cache(maxsize=64)
@@ -293,7 +294,7 @@ def write_group(
         group.update_attributes(dict(attrs))  # one PUT (attrs.update writes zarr.json once per key)
         for name, value in arrays.items():
             value = np.asarray(value)
-            group.create_array(name, data=value, chunks=value.shape or None, config=EVERY_CHUNK,
+            group.create_array(name, data=value, chunks=value.shape or "auto", config=EVERY_CHUNK,
                                compressors=[ZstdCodec(level=0), Crc32cCodec()])
     except Exception as exc:  # noqa: BLE001
         raise StorageError(f"output: writing {location} failed: {describe_failure(exc)}") from None

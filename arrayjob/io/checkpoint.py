@@ -60,13 +60,14 @@ class Checkpoint:
 
 
 def encode(checkpoint: Checkpoint) -> bytes:
-    arrays = {k: np.asarray(v) for k, v in checkpoint.state.items() if isinstance(v, np.ndarray)}
+    arrays: dict[str, Any] = {k: np.asarray(v) for k, v in checkpoint.state.items() if isinstance(v, np.ndarray)}
     # NumPy scalars as Python ones: JSON holds those, and a float64 round-trips exactly
     scalars = {k: v.item() if isinstance(v, np.generic) else v for k, v in checkpoint.state.items() if k not in arrays}
     meta = {"run_id": checkpoint.run_id, "iteration": checkpoint.iteration, "job": checkpoint.job,
             "values": scalars}
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays, **{_META: np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)})
+    arrays[_META] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(buffer, **arrays)
     return buffer.getvalue()
 
 

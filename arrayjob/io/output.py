@@ -30,6 +30,7 @@ from arrayjob.errors import InputError, SpecError, StorageError
 from arrayjob.io.backend import StorageBackend, backend_for, describe_failure
 from arrayjob.io.lease import LEASES, Lease
 from arrayjob.io.locations import Location, StorageCounters, StorageOptions
+from arrayjob.units import size
 
 SUCCESS = "_SUCCESS"
 RUNS = "runs"
@@ -134,10 +135,8 @@ def probe_writable(location: Location, options: StorageOptions, key: str) -> int
 
 
 def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit} ({n:,} bytes)"
-    return f"{n:,} bytes"
+    """``size`` and the exact count, for a message that compares two sizes."""
+    return f"{size(n)} ({n:,} bytes)" if n >= 1000 else f"{n:,} bytes"
 
 
 def _reason(exc: OSError) -> str:

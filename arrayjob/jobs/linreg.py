@@ -36,7 +36,7 @@ from arrayjob.jobs.base import (
     require_features_and_targets,
 )
 from arrayjob.jobs.tsqr import QR_OF_STACK, block_rows_for, qr_block_cost, r_of_block
-from arrayjob.planner.physical import Kernel
+from arrayjob.planner.kernel import Kernel
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from arrayjob.jobs.base import (
     StagePlan,
     require_features_and_targets,
 )
-from arrayjob.planner.physical import Kernel
+from arrayjob.planner.kernel import Kernel
 
 
 def _check_labels(y: np.ndarray) -> str | None:

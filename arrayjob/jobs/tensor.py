@@ -16,6 +16,7 @@ iteration (``io.checkpoint``), so a resumed run goes on from them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +37,7 @@ from arrayjob.jobs.base import (
 MODES = {0: ("ijk,jf,kf->if", "BC"), 1: ("ijk,if,kf->jf", "AC"), 2: ("ijk,if,jf->kf", "AB")}
 
 
-def mttkrp_program(X: la.BlockArray, mode: int, factors: tuple[la.BlockArray, la.BlockArray]) -> la.BlockArray:
+def mttkrp_program(X: la.BlockArray, mode: int, factors: Sequence[la.BlockArray]) -> la.BlockArray:
     return la.einsum(MODES[mode][0], X, *factors)
 
 
@@ -91,7 +92,7 @@ class MTTKRP(Job):
         names = MODES[self.params.mode][1]
         X = la.from_zarr(self.arrays["X"])
         factors = tuple(la.value(n, self.arrays[n].shape) for n in names)
-        M = mttkrp_program(X, self.params.mode, factors)  # type: ignore[arg-type]
+        M = mttkrp_program(X, self.params.mode, factors)
         return StagePlan((Pass("mttkrp", "compute", {"M": M}),))
 
     def run(self, ctx: JobContext) -> JobResult:
@@ -142,7 +143,7 @@ class CPALS(Job):
         passes = [Pass("norm", "load", {"norm_sq": (X * X).sum()})]
         for mode, (_, names) in MODES.items():
             factors = tuple(la.value(n, (shape["ABC".index(n)], F)) for n in names)
-            passes.append(Pass(f"mode{mode}", "fit", {"M": mttkrp_program(X, mode, factors)},  # type: ignore[arg-type]
+            passes.append(Pass(f"mode{mode}", "fit", {"M": mttkrp_program(X, mode, factors)},
                                EACH_ITERATION))
         return StagePlan(tuple(passes))
 

@@ -54,7 +54,7 @@ from arrayjob.jobs.base import (
     require_numeric,
 )
 from arrayjob.planner.cost import qr_flops
-from arrayjob.planner.physical import Kernel
+from arrayjob.planner.kernel import Kernel
 from arrayjob.planner.tiling import row_grid
 
 SUB_ROWS = 2048

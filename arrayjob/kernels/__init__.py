@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from arrayjob.kernels.block import assemble, combine
-from arrayjob.kernels.programs import interpret, run_block_kernel
+from arrayjob.kernels.block_kernel import interpret, run_block_kernel
+from arrayjob.kernels.primitives import assemble, combine
 from arrayjob.planner.physical import Assemble, BlockKernel, Combine, WriteBlock
 
 

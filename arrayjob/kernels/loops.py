@@ -13,7 +13,7 @@ jit = numba.njit(cache=True, nogil=True)
 
 
 @jit
-def group_sum(labels, ids, X):  # type: ignore[no-untyped-def]
+def group_sum(labels, ids, X):
     """Σ over rows i with labels[i] == ids[j] of X[i]: (k, d)."""
     n, d = X.shape
     out = np.zeros((ids.shape[0], d))
@@ -26,7 +26,7 @@ def group_sum(labels, ids, X):  # type: ignore[no-untyped-def]
 
 
 @jit
-def count(labels, ids):  # type: ignore[no-untyped-def]
+def count(labels, ids):
     """How many rows have labels[i] == ids[j]: (k,)."""
     out = np.zeros(ids.shape[0])
     for i in range(labels.shape[0]):
@@ -37,7 +37,7 @@ def count(labels, ids):  # type: ignore[no-untyped-def]
 
 
 @jit
-def gather(labels, ids, C):  # type: ignore[no-untyped-def]
+def gather(labels, ids, C):
     """Row i: Σ over j with labels[i] == ids[j] of C[j]: (n, m)."""
     m = C.shape[1]
     out = np.zeros((labels.shape[0], m))
@@ -50,7 +50,7 @@ def gather(labels, ids, C):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(inline="always")
-def _argmin(row):  # type: ignore[no-untyped-def]
+def _argmin(row):
     """NumPy's argmin of a 1-D float64 row: the first minimum, or the first NaN."""
     best, v = 0, row[0]
     if v == v:
@@ -64,7 +64,7 @@ def _argmin(row):  # type: ignore[no-untyped-def]
 
 
 @jit
-def argmin_rows(S):  # type: ignore[no-untyped-def]
+def argmin_rows(S):
     """NumPy's ``S.argmin(axis=1, keepdims=True)`` for a 2-D float64 S (the first NaN wins)."""
     n = S.shape[0]
     out = np.zeros((n, 1), dtype=np.int64)
@@ -74,7 +74,7 @@ def argmin_rows(S):  # type: ignore[no-untyped-def]
 
 
 @jit
-def argmax_rows(S):  # type: ignore[no-untyped-def]
+def argmax_rows(S):
     """NumPy's ``S.argmax(axis=1, keepdims=True)`` for a 2-D float64 S (the first NaN wins)."""
     n, k = S.shape
     out = np.zeros((n, 1), dtype=np.int64)
@@ -93,7 +93,7 @@ def argmax_rows(S):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def nearest_rows(X, C, a, scale):  # type: ignore[no-untyped-def]
+def nearest_rows(X, C, a, scale):
     """``(a - scale * X @ C.T).argmin(axis=1, keepdims=True)`` without the n × k scores: per
     row, k dot products (vectorised: the sums may be reassociated, as BLAS does) into a
     k-long buffer, then its argmin (the first NaN wins, as in NumPy)."""
@@ -112,7 +112,7 @@ def nearest_rows(X, C, a, scale):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def nearest_group_sums(X, C, a, scale, ids):  # type: ignore[no-untyped-def]
+def nearest_group_sums(X, C, a, scale, ids):
     """K-means' step in one pass over X: each row's nearest row of C, as ``nearest_rows``
     picks it, then Σ of X's rows and their count per id — ``[Eᵀ @ X | E.sum(0)]`` for
     ``E = (nearest == ids) * 1``, packed as (len(ids), d + 1). Rows go in pairs so each
@@ -149,7 +149,7 @@ def nearest_group_sums(X, C, a, scale, ids):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(inline="always")
-def _add_row(per, best, row):  # type: ignore[no-untyped-def]
+def _add_row(per, best, row):
     d = row.shape[0]
     for c in range(d):
         per[best, c] += row[c]

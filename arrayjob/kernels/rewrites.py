@@ -85,12 +85,11 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
             nearest = _nearest(kernel, source, shapes, dtypes) if attrs.fn == "argmin" else None
             if nearest is not None:
                 (x, c, a), scale = nearest
-                found[i] = Rewrite((x, c, a), "rm,cm,c->rz", lambda vals, x=x, c=c, a=a, s=scale: loops.nearest_rows(
-                    np.ascontiguousarray(vals[x]), np.ascontiguousarray(vals[c]), np.ascontiguousarray(vals[a]), s),
-                    "nearest_rows", scale)
+                found[i] = Rewrite((x, c, a), "rm,cm,c->rz", functools.partial(_nearest_rows, loops.nearest_rows,
+                                                                               (x, c, a), scale), "nearest_rows", scale)
                 continue
             loop = loops.argmin_rows if attrs.fn == "argmin" else loops.argmax_rows
-            found[i] = Rewrite((source,), "rk->rz", lambda vals, s=source, f=loop: f(np.ascontiguousarray(vals[s])))
+            found[i] = Rewrite((source,), "rk->rz", functools.partial(_row_loop, loop, source))
             continue
         if dtypes[slot] != "float64":
             continue
@@ -103,11 +102,12 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
             if len(shapes[other]) != 2 or dtypes[other] != "float64":
                 continue
             terms, out = attrs.subscripts.split("->")
-            (r, c), (a, b) = terms.split(",")
-            if r == a and b not in (r, c) and out == c + b:  # Eᵀ @ X: rows summed per group
+            e_term, o_term = terms.split(",")  # E's labels, the other operand's
+            (e_row, e_col), (o_row, o_col) = tuple(e_term), tuple(o_term)
+            if e_row == o_row and o_col not in (e_row, e_col) and out == e_col + o_col:  # Eᵀ @ X: rows summed per group
                 found[i] = Rewrite((labels, ids, other), "rz,c,rm->cm", _call(loops.group_sum, labels, ids, other),
                                    "group_sum")
-            elif c == a and b not in (r, c) and out == r + b:  # E @ C: each row's group row
+            elif e_col == o_row and o_col not in (e_row, e_col) and out == e_row + o_col:  # E @ C: each row's group row
                 found[i] = Rewrite((labels, ids, other), "rz,c,cm->rm", _call(loops.gather, labels, ids, other))
     return found
 
@@ -130,8 +130,8 @@ def packed(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[tuple[int, .
         near, d = nearest[labels], shapes[x][1]
         counts = [j for j, q in found.items() if q.loop == "count" and q.inputs == (labels, ids) and j not in taken]
         taken.update(counts)
-        parts: dict[int, Callable[[Any], Any]] = {i: lambda p, d=d: np.ascontiguousarray(p[:, :d])}
-        parts.update({j: lambda p, d=d: p[:, d].copy() for j in counts})
+        parts: dict[int, Callable[[Any], Any]] = {i: functools.partial(_leading_columns, d)}
+        parts.update({j: functools.partial(_column, d) for j in counts})
         _, c, a = near.inputs
 
         def run(vals: list[Any], x: int = x, c: int = c, a: int = a, ids: int = ids, s: float = near.scale) -> Any:
@@ -189,6 +189,23 @@ def _nearest(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: 
                 and shapes[a] == (shapes[c][0],) and all(dtypes[s] == "float64" for s in (x, c, a)):
             return (x, c, a), float(k_step.attrs.value)
     return None
+
+
+def _nearest_rows(loop: Callable[..., Any], slots: tuple[int, int, int], scale: Any, vals: list[Any]) -> Any:
+    x, c, a = slots
+    return loop(np.ascontiguousarray(vals[x]), np.ascontiguousarray(vals[c]), np.ascontiguousarray(vals[a]), scale)
+
+
+def _row_loop(loop: Callable[..., Any], slot: int, vals: list[Any]) -> Any:
+    return loop(np.ascontiguousarray(vals[slot]))
+
+
+def _leading_columns(d: int, packed: Any) -> Any:
+    return np.ascontiguousarray(packed[:, :d])
+
+
+def _column(d: int, packed: Any) -> Any:
+    return packed[:, d].copy()
 
 
 def _call(loop: Callable[..., Any], *slots: int) -> Callable[[list[Any]], Any]:

@@ -290,7 +290,7 @@ class _RowLoop:
         return ast.unparse(self.tree()) + "\n"
 
     def runner(self) -> Callable[[list[Any]], None]:
-        from arrayjob.kernels.block import evaluate
+        from arrayjob.kernels.primitives import evaluate
 
         loop = _compiled(self.source())
         rows, pres = self.rows, self.pres
@@ -304,7 +304,7 @@ class _RowLoop:
                 step = kernel.steps[s - n_args]
                 vals[s] = evaluate(step, [vals[j] for j in step.inputs])
             X = np.ascontiguousarray(vals[self.carrier])
-            args = [np.ascontiguousarray(vals[s]) for s in rows]
+            args: list[Any] = [np.ascontiguousarray(vals[s]) for s in rows]
             args += [float(np.asarray(vals[s]).reshape(())) if s in scalar
                      else np.ascontiguousarray(vals[s], dtype=np.float64) for s in pres]
             for s, total in zip(accumulators, loop(X, *args), strict=True):

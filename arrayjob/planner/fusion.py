@@ -17,12 +17,14 @@ Strategies (``--fusion``):
 ``cost``  (default) the same greedy walk, taking a merge only if the modelled cost does not
           grow, and never returning a plan the model prices above ``all``'s.
 
-The cost model (``fusion_model.KernelCost``) prices a kernel in seconds::
+The cost model (``fusion_model.KernelCost``) prices a kernel in seconds at the rates of the
+plan's ``ClusterShape`` (those placement and the estimate use; a calibrated profile's when
+the caller passes one)::
 
-    bytes_touched / BANDWIDTH + flops / FLOP_RATE + tasks * TASK_SECONDS
+    bytes_touched / memory_bytes_per_s + Σ work[kind] / work_rates[kind] + tasks * task_seconds
 
 with ``bytes_touched`` counted as ``cost.plan_cost`` counts it (inputs each task receives,
-outputs it returns, re-cut and combine tasks) and ``flops`` including recomputation: a node
+outputs it returns, re-cut and combine tasks) and the work including recomputation: a node
 that does not depend on some class of the kernel's space is computed again in each of that
 class's blocks. Fusing a multi-consumer or loop-invariant intermediate saves a task, its write
 and its consumers' reads; when its recomputation (or the bigger inputs every task must then
@@ -39,7 +41,7 @@ from collections.abc import Callable, Iterable
 
 from arrayjob.planner.fusion_model import Fuser, Group
 from arrayjob.planner.ops import Op
-from arrayjob.planner.plan import FusedKernel, Plan
+from arrayjob.planner.plan import ClusterShape, FusedKernel, Plan
 from arrayjob.planner.registry import register
 
 
@@ -74,8 +76,11 @@ def _legal(a: Group, b: Group, merged: Group) -> bool:
     return merged.problem is None and merged.space in (a.space, b.space)
 
 
-def _cheaper(a: Group, b: Group, merged: Group) -> bool:
-    return _legal(a, b, merged) and merged.cost.seconds <= (a.cost + b.cost).seconds * (1 + 1e-9)
+def _cheaper(shape: ClusterShape) -> Accept:
+    def cheaper(a: Group, b: Group, merged: Group) -> bool:
+        return _legal(a, b, merged) and merged.cost.seconds(shape) <= (a.cost + b.cost).seconds(shape) * (1 + 1e-9)
+
+    return cheaper
 
 
 class _Partition:
@@ -203,7 +208,7 @@ def _ordered(fuser: Fuser, groups: list[tuple[int, ...]]) -> tuple[FusedKernel, 
 def with_kernels(plan: Plan, fuser: Fuser, groups: list[tuple[int, ...]]) -> Plan:
     kernels = _ordered(fuser, groups)
     cost = fuser.plan_cost(k.nodes for k in kernels)
-    stats = {**plan.stats, "fusion_kernels": float(len(kernels)), "fusion_model_seconds": cost.seconds,
+    stats = {**plan.stats, "fusion_kernels": float(len(kernels)), "fusion_model_seconds": cost.seconds(plan.options.cluster),
              "fusion_model_bytes": float(cost.bytes_touched)}
     return dataclasses.replace(plan, kernels=kernels, stats=stats)
 
@@ -226,8 +231,9 @@ def fuse_all(plan: Plan) -> Plan:
 def fuse_by_cost(plan: Plan) -> Plan:
     """Fuse where the cost model says it pays; materialise where that is cheaper."""
     fuser = Fuser(plan)
-    chosen = _greedy(fuser, _cheaper)
+    shape = plan.options.cluster
+    chosen = _greedy(fuser, _cheaper(shape))
     everything = _greedy(fuser, _legal)
-    if fuser.plan_cost(everything).seconds < fuser.plan_cost(chosen).seconds:
+    if fuser.plan_cost(everything).seconds(shape) < fuser.plan_cost(chosen).seconds(shape):
         chosen = everything
     return with_kernels(plan, fuser, chosen)

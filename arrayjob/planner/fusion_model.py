@@ -11,16 +11,19 @@
 - every output must be cut on each class of the space it has, so that each task writes its
   own block (internal nodes are never materialised: their tilings don't matter).
 
-and prices it (``KernelCost``, in seconds)::
+and prices it (``KernelCost.seconds``) at the rates of the plan's ``ClusterShape``, the
+rates placement and the estimate use (the calibrated machine profile's, when the caller
+passes it: ``MachineProfile.placement_rates``)::
 
-    bytes_touched / BANDWIDTH + flops / FLOP_RATE + tasks * TASK_SECONDS
+    bytes_touched / memory_bytes_per_s + Σ work[kind] / work_rates[kind] + tasks * task_seconds
 
 ``bytes_touched`` is what ``cost.plan_cost`` counts for the group's tasks: each input block
 every task receives (an input the space doesn't slice is received whole by every task), each
 output block it returns, the ``Assemble`` tasks that re-cut inputs, and the reduction trees
 that combine partial outputs. ``flops`` is each node's work times the number of tasks that
 compute it: a node that does not depend on a class of the space is recomputed in each of
-that class's blocks. That is the price of fusing a loop-invariant or multi-consumer
+that class's blocks, counted by kind (``planner.work``: an ``exp`` is priced at the
+transcendental rate, a matrix × vector product by its operand bytes). That is the price of fusing a loop-invariant or multi-consumer
 intermediate instead of materialising it once.
 
 ``Fuser.merge(a, b)`` analyses the union of two analysed groups incrementally when their
@@ -37,33 +40,42 @@ from dataclasses import dataclass, field
 
 from arrayjob.planner.legality import doubled_axis_problem, partial_problem
 from arrayjob.planner.ops import ELEMENTWISE, Einsum, Map, Op, Reduce, combine_of
-from arrayjob.planner.plan import Plan
+from arrayjob.planner.plan import ClusterShape, Plan
 from arrayjob.planner.reduction import tree_size
+from arrayjob.planner.work import einsum_work, map_work
 
-BANDWIDTH = 4e9  # bytes touched per second per worker (memory, object store)
-FLOP_RATE = 1e9  # elementwise operations per second per worker
-TRANSCENDENTAL_OPS = 10  # a transcendental call (``Elementwise.calls``) counts as this many operations
-TASK_SECONDS = 1e-3  # scheduling, argument resolution and result handling, per task
+WorkAmounts = tuple[tuple[str, int], ...]  # (kind, amount), sorted by kind, no zero amounts: hashable
+
+
+def _work(*parts: Iterable[tuple[str, int]]) -> WorkAmounts:
+    total: dict[str, int] = {}
+    for part in parts:
+        for kind, amount in part:
+            total[kind] = total.get(kind, 0) + amount
+    return tuple(sorted((k, a) for k, a in total.items() if a))
 
 
 @dataclass(frozen=True)
 class KernelCost:
-    """What a kernel costs: its tasks (with re-cut and combine tasks), bytes touched, work."""
+    """What a kernel costs: its tasks (with re-cut and combine tasks), bytes touched, and its
+    work by kind (``cost.WORK_KINDS``), recomputation included."""
 
     tasks: int
     bytes_touched: int
-    flops: int
+    work: WorkAmounts = ()
 
-    @property
-    def seconds(self) -> float:
-        return self.bytes_touched / BANDWIDTH + self.flops / FLOP_RATE + self.tasks * TASK_SECONDS
+    def seconds(self, shape: ClusterShape) -> float:
+        """One worker's time for the kernel at ``shape``'s rates."""
+        rates = shape.work_rates
+        return (self.bytes_touched / shape.memory_bytes_per_s + self.tasks * shape.task_seconds
+                + sum(amount / rates.rate(kind) for kind, amount in self.work))
 
     def __add__(self, other: KernelCost) -> KernelCost:
         return KernelCost(self.tasks + other.tasks, self.bytes_touched + other.bytes_touched,
-                          self.flops + other.flops)
+                          _work(self.work, other.work))
 
 
-ZERO = KernelCost(0, 0, 0)
+ZERO = KernelCost(0, 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,6 +103,7 @@ class _Facts:
     cut: dict[int, int]  # cut class -> blocks along it
     doubled: frozenset[int]  # classes of two or more of its axes
     inputs: tuple[int, ...]  # non-const inputs, once each
+    kind: str  # the kind of its work (``planner.work``)
     work: int
     nbytes: int
     combinable: bool  # may hold a partial result
@@ -114,7 +127,7 @@ class Fuser:
             cut = {classes.of_axis(i, a): grid[a] for a in plan.tilings[i].axes if n.shape[a] > 0}
             facts.append(_Facts(
                 own, frozenset(own), cut, frozenset(c for c in own if own.count(c) > 1),
-                tuple(dict.fromkeys(u for u in n.inputs if g.nodes[u].op is not Op.CONST)), _work(plan, i), n.nbytes,
+                tuple(dict.fromkeys(u for u in n.inputs if g.nodes[u].op is not Op.CONST)), *_node_work(plan, i), n.nbytes,
                 combine_of(n.op, n.attrs) is not None))
         self.facts = facts
 
@@ -130,7 +143,7 @@ class Fuser:
             v = ordered[0]
             problem = f"{g.nodes[v].op} is never fused" if len(nodes) > 1 else None
             touched = sum(facts[u].nbytes for u in external) + facts[v].nbytes
-            cost = KernelCost(max(1, self.grids[v].num_blocks), touched, 0)
+            cost = KernelCost(max(1, self.grids[v].num_blocks), touched)
             return Group(nodes, external, outputs, {}, problem, cost, {}, {}, {})
         cut_space: dict[int, int] = {}
         for v in ordered:
@@ -150,7 +163,7 @@ class Fuser:
             dep[v] = frozenset().union(*(dep[u] for u in facts[v].inputs))
         problem = self._problem(ordered, external, outputs, space, dep)
         cost = ZERO if problem else self._io_cost(external, outputs, space, dep) + KernelCost(
-            0, 0, sum(facts[v].work * _copies(space, dep[v]) for v in ordered))
+            0, 0, _work((facts[v].kind, facts[v].work * _copies(space, dep[v])) for v in ordered))
         return Group(nodes, external, outputs, space, problem, cost, dep, cut_space, contrib)
 
     def merge(self, a: Group, b: Group) -> Group:
@@ -200,9 +213,10 @@ class Fuser:
                 problem = f"partial node {x} ({self.graph.nodes[x].label()}) would be summed over a class it doesn't use"
         if problem:
             return Group(nodes, external, outputs, space, problem, ZERO, {}, {}, {})
-        flops = a.cost.flops + b.cost.flops + sum(
-            facts[x].work * (_copies(space, dep[x]) - _copies(space, was)) for x, was in old.items())
-        cost = self._io_cost(external, outputs, space, dep) + KernelCost(0, 0, flops)
+        recomputed = ((facts[x].kind, facts[x].work * (_copies(space, dep[x]) - _copies(space, was)))
+                      for x, was in old.items())
+        cost = self._io_cost(external, outputs, space, dep) + KernelCost(
+            0, 0, _work(a.cost.work, b.cost.work, recomputed))
         return Group(nodes, external, outputs, space, None, cost, dep, cut_space, contrib)
 
     def _outputs(self, nodes: frozenset[int], ordered: list[int]) -> tuple[int, ...]:
@@ -240,7 +254,8 @@ class Fuser:
     def _io_cost(self, external: tuple[int, ...], outputs: tuple[int, ...], space: dict[int, int],
                  dep: dict[int, frozenset[int]]) -> KernelCost:
         """Tasks and bytes: kernel tasks with their inputs and outputs, re-cuts, combine trees."""
-        g, facts = self.graph, self.facts
+        g, facts, tilings = self.graph, self.facts, self.plan.tilings
+        assert tilings is not None
         tasks = math.prod(space.values())
         extra = touched = 0
         for u in external:
@@ -248,7 +263,7 @@ class Fuser:
             sliced = {a: c for a, c in enumerate(f.own) if space.get(c, 1) > 1 and n.shape[a] > 1}
             pieces = math.prod(space[c] for c in sliced.values())
             touched += f.nbytes * (tasks // pieces)
-            cut = {a for a in self.plan.tilings[u].axes if self.grids[u].grid_shape[a] > 1}
+            cut = {a for a in tilings[u].axes if self.grids[u].grid_shape[a] > 1}
             if cut != set(sliced):  # re-cut by Assemble tasks, one per distinct slice
                 extra += pieces
                 touched += f.nbytes * math.prod(space[c] for a, c in sliced.items() if a not in cut) + f.nbytes
@@ -261,7 +276,7 @@ class Fuser:
                 t, b = tree_size(copies, f.nbytes // max(1, blocks))
                 extra += t * blocks
                 touched += b * blocks
-        return KernelCost(tasks + extra, touched, 0)
+        return KernelCost(tasks + extra, touched)
 
     def plan_cost(self, groups: Iterable[Iterable[int]]) -> KernelCost:
         total = ZERO
@@ -282,18 +297,15 @@ def _copies(space: dict[int, int], dep: frozenset[int]) -> int:
     return math.prod(b for c, b in space.items() if c not in dep)
 
 
-def _work(plan: Plan, v: int) -> int:
-    """Operations to compute node ``v`` whole (as ``cost`` counts flops)."""
+def _node_work(plan: Plan, v: int) -> tuple[str, int]:
+    """The work to compute node ``v`` whole, as (kind, amount): as ``cost`` counts a block's."""
     g = plan.graph
     n = g.nodes[v]
     if isinstance(n.attrs, Map):
-        return math.prod(n.shape) * max(1, TRANSCENDENTAL_OPS * ELEMENTWISE[n.attrs.fn].calls)
+        return map_work(math.prod(n.shape), ELEMENTWISE[n.attrs.fn].calls)
     if isinstance(n.attrs, Reduce):
-        return math.prod(g.nodes[n.inputs[0]].shape)
+        return "elementwise", math.prod(g.nodes[n.inputs[0]].shape)
     if isinstance(n.attrs, Einsum):
-        terms, _ = n.attrs.terms
-        sizes: dict[str, int] = {}
-        for term, u in zip(terms, n.inputs, strict=True):
-            sizes.update(zip(term, g.nodes[u].shape, strict=True))
-        return 2 * math.prod(sizes.values())
-    return 0
+        kind, amount, _ = einsum_work(n.attrs.subscripts, [g.nodes[u].shape for u in n.inputs])
+        return kind, amount
+    return "elementwise", 0

@@ -64,19 +64,6 @@ class Graph:
     def axis_classes(self) -> AxisClasses:
         return AxisClasses.of(self)
 
-    def validate(self) -> None:
-        """Inputs come before their users; every op's shape agrees with its inputs."""
-        for i, node in enumerate(self.nodes):
-            if any(not 0 <= j < i for j in node.inputs):
-                raise ValueError(f"node {i} ({node.label()}): inputs {node.inputs} are not earlier nodes")
-            if not node.is_leaf and not node.op.is_opaque:
-                expected = infer_shape(node.op, [self.nodes[j].shape for j in node.inputs], node.attrs)
-                if expected != node.shape:
-                    raise ValueError(f"node {i} ({node.label()}): shape {node.shape}, expected {expected}")
-        for o in self.outputs:
-            if not 0 <= o < len(self.nodes):
-                raise ValueError(f"output {o} is not a node")
-
 
 def blockwise_call(node: Node) -> tuple[object, ...]:
     """What identifies one call of a job's block function: its outputs (sibling

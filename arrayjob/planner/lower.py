@@ -18,7 +18,7 @@ from collections import defaultdict
 import numpy as np
 
 from arrayjob.planner import ops
-from arrayjob.planner.ir import Graph, blockwise_call
+from arrayjob.planner.ir import Graph, Node, blockwise_call
 from arrayjob.planner.legality import doubled_axis_problem, partial_problem
 from arrayjob.planner.ops import Op, combine_of
 from arrayjob.planner.physical import (
@@ -29,18 +29,18 @@ from arrayjob.planner.physical import (
     CachedBlock,
     Combine,
     DriverValue,
+    InputArray,
     Kernel,
     PhysicalPlan,
     ReductionStep,
     Selection,
-    Source,
     SourceBlock,
     Step,
     Task,
     TaskResult,
     WriteBlock,
 )
-from arrayjob.planner.plan import FusedKernel, Plan
+from arrayjob.planner.plan import FusedKernel, Plan, Tiling
 from arrayjob.planner.reduction import combine_tree
 
 
@@ -58,6 +58,11 @@ def _block_selection(grid: BlockGrid, index: tuple[int, ...]) -> Selection:
     return tuple((s.start, s.stop) for s in grid.selection(index))
 
 
+def _blockwise(node: Node) -> ops.Blockwise:
+    assert isinstance(node.attrs, ops.Blockwise)
+    return node.attrs
+
+
 def _nbytes(selection: Selection, dtype: str) -> int:
     return math.prod(b - a for a, b in selection) * np.dtype(dtype).itemsize
 
@@ -66,29 +71,28 @@ class _Lowering:
     def __init__(self, plan: Plan) -> None:
         assert plan.tilings is not None and plan.kernels is not None, "lower needs tile and fuse first"
         self.plan = plan
+        self.tilings: tuple[Tiling, ...] = plan.tilings
+        self.kernels: tuple[FusedKernel, ...] = plan.kernels
         self.graph: Graph = plan.graph
         self.classes = plan.graph.axis_classes
         self.grids = [plan.grid(i) for i in range(len(plan.graph))]
         self.tasks: list[Task] = []
         self.blocks: dict[int, dict[tuple[int, ...], Arg]] = {}
         self.assembled: dict[tuple[int, Selection], Arg] = {}
-        self.sources: list[Source] = []
+        self.sources: list[InputArray] = []
         self.blockwise_tasks: dict[tuple[object, ...], list[str]] = {}
 
     # -- where blocks are ----------------------------------------------------------------
     def part_classes(self, node: int) -> dict[int, int]:
         """Cut axis classes of ``node`` -> the axis they cut."""
         n = self.graph.nodes[node]
-        return {self.classes.of_axis(node, a): a for a in self.plan.tilings[node].axes if n.shape[a] > 0}
-
-    def class_blocks(self, cls: int, node: int, axis: int) -> int:
-        return self.grids[node].grid_shape[axis]
+        return {self.classes.of_axis(node, a): a for a in self.tilings[node].axes if n.shape[a] > 0}
 
     def leaf_blocks(self, node: int) -> None:
         n = self.graph.nodes[node]
         attrs = n.attrs
         if isinstance(attrs, ops.Source):
-            source = Source(attrs.array, self.grids[node], attrs.check)
+            source = InputArray(attrs.array, self.grids[node], attrs.check)
             self.sources.append(source)
             self.blocks[node] = {idx: SourceBlock(source.array.name, idx) for idx in source.grid.indices()}
         elif isinstance(attrs, ops.Cached):
@@ -100,7 +104,7 @@ class _Lowering:
                 for k, idx in enumerate(sorted(grid.indices()))
             }
         elif isinstance(attrs, ops.Value):
-            if self.plan.tilings[node].axes:
+            if self.tilings[node].axes:
                 raise ValueError(f"driver value {attrs.name!r} must be whole, not cut")
             self.blocks[node] = {(0,) * n.ndim: DriverValue(attrs.name, n.shape, n.nbytes)}
 
@@ -122,10 +126,10 @@ class _Lowering:
         pieces, args = [], []
         for idx in overlapping:
             block = _block_selection(grid, idx)
-            lo = tuple(max(a, c) for (a, _), (c, _) in zip(block, selection, strict=True))
-            hi = tuple(min(b, d) for (_, b), (_, d) in zip(block, selection, strict=True))
-            dst = tuple((x - s0, y - s0) for x, y, (s0, _) in zip(lo, hi, selection, strict=True))
-            src = tuple((x - b0, y - b0) for x, y, (b0, _) in zip(lo, hi, block, strict=True))
+            starts = tuple(max(a, c) for (a, _), (c, _) in zip(block, selection, strict=True))
+            stops = tuple(min(b, d) for (_, b), (_, d) in zip(block, selection, strict=True))
+            dst = tuple((x - s0, y - s0) for x, y, (s0, _) in zip(starts, stops, selection, strict=True))
+            src = tuple((x - b0, y - b0) for x, y, (b0, _) in zip(starts, stops, block, strict=True))
             pieces.append((dst, src))
             args.append(self.blocks[node][idx])
         shape = tuple(b - a for a, b in selection)
@@ -211,23 +215,23 @@ class _Lowering:
                     else:
                         sel.append((0, size))
                 args.append(self.block_for(u, tuple(sel)))
-            label = ",".join(map(str, idx))
+            where = ",".join(map(str, idx))
             out_shapes = []
             for v in kernel.outputs:
                 n = g.nodes[v]
-                bidx = tuple(at.get(classes.of_axis(v, a), 0) if a in self.plan.tilings[v].axes else 0
+                bidx = tuple(at.get(classes.of_axis(v, a), 0) if a in self.tilings[v].axes else 0
                              for a in range(n.ndim))
                 out_shapes.append(tuple(b - a for a, b in _block_selection(self.grids[v], bidx)))
             out_bytes = [math.prod(shape) * np.dtype(g.nodes[v].dtype).itemsize
                          for shape, v in zip(out_shapes, kernel.outputs, strict=True)]
-            task = Task(f"{kernel.name}#{k}[{label}]", Kernel(kernel.name, block_kernel), tuple(args),
+            task = Task(f"{kernel.name}#{k}[{where}]", Kernel(kernel.name, block_kernel), tuple(args),
                         num_outputs=len(kernel.outputs), out_shapes=tuple(out_shapes), out_bytes=tuple(out_bytes))
             self.tasks.append(task)
             for p, v in enumerate(kernel.outputs):
                 if any(at[c] for c in space if c not in dep[v] and c not in own_cut[v]):
                     continue  # the same block again: this output does not depend on that class
                 n = g.nodes[v]
-                bidx = tuple(at.get(classes.of_axis(v, a), 0) if a in self.plan.tilings[v].axes else 0
+                bidx = tuple(at.get(classes.of_axis(v, a), 0) if a in self.tilings[v].axes else 0
                              for a in range(n.ndim))
                 per_output[v][bidx].append(TaskResult(task.id, p))
         for v, by_block in per_output.items():
@@ -239,9 +243,9 @@ class _Lowering:
                     continue
                 fn = combine_of(n.op, n.attrs)
                 assert fn is not None
-                sel = _block_selection(self.grids[v], bidx)
+                block = _block_selection(self.grids[v], bidx)
                 self.blocks[v][bidx] = self.reduce_tree(f"{fn}#{v}[{','.join(map(str, bidx))}]", fn, results,
-                                                        tuple(b - a for a, b in sel), _nbytes(sel, n.dtype))
+                                                        tuple(b - a for a, b in block), _nbytes(block, n.dtype))
 
     def blockwise(self, k: int, v: int) -> None:
         """One task per row block runs the job's function; sibling outputs share the task."""
@@ -252,7 +256,7 @@ class _Lowering:
         fn, output, in_rows, out_rows = attrs.kernel, attrs.output, attrs.in_rows, attrs.out_rows
         key = blockwise_call(n)
         siblings = {j: m for j, m in enumerate(g.nodes) if m.op is Op.BLOCKWISE and blockwise_call(m) == key}
-        by_output = {m.attrs.output: (j, m) for j, m in siblings.items()}
+        by_output = {_blockwise(m).output: (j, m) for j, m in siblings.items()}
         first = g.nodes[n.inputs[0]]
         count = -(-first.shape[0] // in_rows[0]) if in_rows and in_rows[0] else 1
         if key not in self.blockwise_tasks:
@@ -269,9 +273,9 @@ class _Lowering:
                 shapes, nbytes = [], []
                 for o in range(max(by_output) + 1):
                     m = by_output[o][1] if o in by_output else n
-                    r = m.attrs.out_rows
+                    r = _blockwise(m).out_rows
                     shapes.append((min(r, m.shape[0] - i * r), *m.shape[1:]) if r else m.shape)
-                    declared = m.attrs.out_block_bytes
+                    declared = _blockwise(m).out_block_bytes
                     nbytes.append(declared if declared is not None
                                   else math.prod(shapes[-1]) * np.dtype(m.dtype).itemsize)
                 task = Task(f"{fn.name}#{k}[{i}]", fn, tuple(args), num_outputs=len(shapes),
@@ -342,14 +346,14 @@ class _Lowering:
     # -- program outputs -------------------------------------------------------------------
     def run(self) -> tuple[PhysicalPlan, tuple[OutputAssembly, ...]]:
         computed_by: dict[int, int] = {}
-        for k, kernel in enumerate(self.plan.kernels):
+        for k, kernel in enumerate(self.kernels):
             for v in kernel.nodes:
                 computed_by[v] = k
         done: set[int] = set()
         for i, n in enumerate(self.graph.nodes):
             if n.op.is_leaf and n.op is not Op.CONST:  # constants are inlined into kernels
                 self.leaf_blocks(i)
-        for k, kernel in enumerate(self.plan.kernels):
+        for k, kernel in enumerate(self.kernels):
             if k not in done:
                 self.kernel(k, kernel)
                 done.add(k)

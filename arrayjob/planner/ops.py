@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from arrayjob.io.locations import ArrayInfo, StorageOptions
-from arrayjob.planner.physical import Kernel
+from arrayjob.planner.kernel import Kernel
 
 
 class Op(enum.StrEnum):

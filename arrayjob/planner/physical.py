@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from arrayjob.io.locations import ArrayInfo, StorageOptions
-
-if TYPE_CHECKING:  # the op vocabulary names Kernel, for a job's block function
-    from arrayjob.planner.ops import Op, OpAttrs
+from arrayjob.planner.kernel import Kernel, KernelBody
+from arrayjob.planner.ops import Op, OpAttrs
 
 
 @dataclass(frozen=True)
@@ -47,31 +45,6 @@ class BlockGrid:
         return math.prod(self.grid_shape)
 
 
-Work = Mapping[str, float]  # work by kind (``planner.cost.WORK_KINDS``) -> amount
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """What a task runs: a name and a body.
-
-    The body is either a description the kernel compiler runs (``BlockKernel``,
-    ``Assemble``, ``Combine``, ``WriteBlock``, planned here and executed by
-    ``arrayjob.kernels.run`` on the workers), or a job's own block function. A job's
-    function must be a module-level function or a frozen dataclass instance (pickled by
-    reference), and it is part of the kernel's identity: two kernels that differ only in a
-    captured constant (``PageRankStep(damping)``) are different kernels, so they never
-    share a cached plan.
-
-    ``cost``, for a job's own block function (``lazy.map_blocks``), says what one call does
-    from its argument shapes, as work by kind (``{"qr_flops": 4 * n * d * d}``); without
-    it the cost model counts one elementwise operation per input element.
-    """
-
-    name: str
-    fn: Callable[..., object] | BlockKernel | Assemble | Combine | WriteBlock
-    cost: Callable[[Sequence[tuple[int, ...]]], Work] | None = None
-
-
 # -- kernel bodies the planner builds (data; ``arrayjob.kernels`` runs them) -----------------
 
 
@@ -86,7 +59,7 @@ class Step:
 
 
 @dataclass(frozen=True)
-class BlockKernel:
+class BlockKernel(KernelBody):
     """A fused group as a straight-line program over slots: the arguments first, then one
     slot per step. Its identity is its structure (constants included), so the workers'
     compiled-program cache is keyed by it."""
@@ -105,7 +78,7 @@ Selection = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
-class Assemble:
+class Assemble(KernelBody):
     """Cut or glue blocks into the block a consumer needs (a re-tiling step).
 
     ``pieces[k]`` is ``(where the k-th argument's slice lands in the output, which part of
@@ -118,14 +91,14 @@ class Assemble:
 
 
 @dataclass(frozen=True)
-class Combine:
+class Combine(KernelBody):
     """Combine partial results of a reduction: ``sum`` (sums and contractions), ``max``, ``min``."""
 
     op: str
 
 
 @dataclass(frozen=True)
-class WriteBlock:
+class WriteBlock(KernelBody):
     """Write one block into a stored array; the task returns [bytes written, PUTs].
 
     Blocks cover whole chunks, so concurrent writers never touch the same chunk, and a
@@ -138,7 +111,7 @@ class WriteBlock:
 
 
 @dataclass(frozen=True)
-class Source:
+class InputArray:
     """A stored input array, the grid it is read with, and a check each block must pass.
 
     ``check(block)`` runs where the block is read and returns None or what is wrong with it.
@@ -147,6 +120,11 @@ class Source:
     array: ArrayInfo
     grid: BlockGrid
     check: Kernel | None = None
+
+
+# the old name, still imported by runtime/ and planner.cost: to be renamed there (the IR's
+# ``ops.Source`` is the source op's attributes; this is the array the physical plan reads)
+Source = InputArray
 
 
 @dataclass(frozen=True)
@@ -205,11 +183,11 @@ class Task:
 
 @dataclass(frozen=True)
 class PhysicalPlan:
-    sources: tuple[Source, ...]
+    sources: tuple[InputArray, ...]
     tasks: tuple[Task, ...]  # in dependency order
     outputs: tuple[TaskResult, ...]  # the results that return to the driver
 
-    def source(self, name: str) -> Source:
+    def source(self, name: str) -> InputArray:
         for s in self.sources:
             if s.array.name == name:
                 return s

@@ -35,6 +35,7 @@ SHIPPED_WORK_RATES: Mapping[str, float] = {
     "result_bytes": 9e8,
 }
 SHIPPED_FLOPS_PER_S = 2e10
+SHIPPED_TASK_SECONDS = 0.002
 
 
 class WorkRates(Mapping[str, float]):
@@ -87,6 +88,9 @@ class ClusterShape:
     memory_bytes_per_s: float = 8e9
     network_bytes_per_s: float = 1e9
     work_rates: WorkRates = WorkRates()
+    # what a task costs besides its work (scheduling, arguments, result): the fusion model
+    # weighs a task saved against the bytes and work a fused kernel adds
+    task_seconds: float = SHIPPED_TASK_SECONDS
 
     @property
     def workers(self) -> int:

@@ -10,7 +10,7 @@ them, under ``estimate``, the prediction made for this run before it started, an
 from __future__ import annotations
 
 import platform
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from arrayjob import __version__
 from arrayjob.runtime.metrics import RunMetrics, driver_peak_rss_bytes
@@ -72,10 +72,10 @@ def build_report(
     node_seconds = wall_seconds * max(1, len(nodes))
     used: dict[str, Any] = {"count": len(nodes)}
     if metrics.nodes is not None:  # a sized cluster: each node from its first use to its release
-        used = metrics.nodes.as_dict()
+        used = cast(dict[str, Any], metrics.nodes.as_dict())
         node_seconds = float(used["node_seconds"])
         # nodes that joined while the job ran follow the first ones in the per-node figures
-        nodes += [str(p["node_id"]) for p in used["per_node"] if p["node_id"] not in nodes]  # type: ignore[index, union-attr]
+        nodes += [str(p["node_id"]) for p in used["per_node"] if p["node_id"] not in nodes]
     dollars: dict[str, float] = {}
     if instance is not None and prices is not None:
         compute = node_seconds / 3600 * instance.usd_per_hour

@@ -1,16 +1,17 @@
 """report.html: one self-contained page (inline SVG, no scripts) beside report.json.
 
 Every number is shown with its unit and a sensible number of significant digits
-(``report.units``); every plot has a titled y axis with its unit, an x axis, and a legend.
+(``report.figures``); every plot has a titled y axis with its unit, an x axis, and a legend.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
 
 from arrayjob.report.build import lookup
-from arrayjob.report.units import FIGURE_UNITS, nice_ticks, quantity, value
+from arrayjob.report.figures import FIGURE_UNITS, nice_ticks, quantity, value
 
 COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D")
 STAGE_FILL = ("#f4f4f4", "#e9eef5")
@@ -47,7 +48,8 @@ def _frame(title: str, ticks: list[float], unit: str, axis_label: str, *, zero: 
 
 def _legend(labels: list[str], colors: list[str] | None = None) -> str:
     colors = colors or [COLORS[i % len(COLORS)] for i in range(len(labels))]
-    x, parts = LEFT, ['<g class="legend">']
+    x: float = LEFT
+    parts = ['<g class="legend">']
     for label, color in zip(labels, colors, strict=True):
         parts.append(f'<rect x="{x}" y="{HEIGHT - 16}" width="10" height="10" fill="{color}"/>'
                      f'<text x="{x + 14}" y="{HEIGHT - 7}" font-size="11">{_esc(label)}</text>')
@@ -99,7 +101,7 @@ def fault_label(event: dict[str, Any]) -> str:
 
 
 def lines(title: str, x_max: float, series: dict[str, list[tuple[float, float]]], unit: str, axis_label: str, *,
-          stages: list[dict[str, Any]] = (), faults: list[dict[str, Any]] = (),  # type: ignore[assignment]
+          stages: Sequence[dict[str, Any]] = (), faults: Sequence[dict[str, Any]] = (),
           zero_means: str = "") -> str:
     """Step chart of series of (seconds, value) over the whole run, as SVG: the run's stages
     shaded and named behind it, each sample a dot, each fault a dashed mark at its time."""

@@ -27,7 +27,7 @@ from arrayjob.costing.profile import MachineProfile
 from arrayjob.costing.sizing import choose_nodes
 from arrayjob.errors import SpecError
 from arrayjob.spec import JobSpec
-from arrayjob.units import size
+from arrayjob.units import dollars, duration, size
 
 TARGETS = ("ray-cluster", "kuberay")
 # the most of a node's memory an object store may take: workers need the rest (on Kubernetes,
@@ -55,7 +55,7 @@ class ClusterSize:
             f"{self.nodes} × {self.instance.name} ({self.instance.vcpus} vCPUs, {self.instance.memory_gib:g} GiB), "
             f"up to {self.max_nodes}: {self.reason}",
             f"object store {size(self.object_store_bytes)} per node for a plan peak of {size(self.peak_bytes)}; "
-            f"estimated {self.wall_seconds:.0f} s and ${self.dollars:.4f} per run",
+            f"estimated {duration(self.wall_seconds)} and {dollars(self.dollars)} per run",
         ]
 
 
@@ -100,8 +100,8 @@ def _header(spec: JobSpec, sized: ClusterSize, command: str) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def ray_cluster(spec: JobSpec, sized: ClusterSize, *, region: str, head_profile: str, worker_profile: str,
-                package: str) -> dict[str, Any]:
+def launcher_config(spec: JobSpec, sized: ClusterSize, *, region: str, head_profile: str, worker_profile: str,
+                    package: str) -> dict[str, Any]:
     """A Ray cluster launcher config (``ray up``) for AWS."""
     store = sized.object_store_bytes
     return {
@@ -232,13 +232,13 @@ def render(documents: list[dict[str, Any]], header: str) -> str:
     return header + body
 
 
-def deploy_file(target: str, spec: JobSpec, sized: ClusterSize, sent_spec: dict[str, Any], command: str,
-                options: dict[str, Any]) -> str:
+def cluster_definition(target: str, spec: JobSpec, sized: ClusterSize, sent_spec: dict[str, Any], command: str,
+                       options: dict[str, Any]) -> str:
     """The cluster definition for ``target``, as YAML text."""
     header = _header(spec, sized, command)
     if target == "ray-cluster":
-        return render([ray_cluster(spec, sized, region=options["region"], head_profile=options["head_profile"],
-                                   worker_profile=options["worker_profile"], package=options["package"])], header)
+        return render([launcher_config(spec, sized, region=options["region"], head_profile=options["head_profile"],
+                                       worker_profile=options["worker_profile"], package=options["package"])], header)
     if target == "kuberay":
         return render(kuberay_job(spec, sized, sent_spec, image=options["image"], service_account=options["service_account"],
                                   role_arn=options["role_arn"], ttl_seconds=options["ttl"]), header)

@@ -1,8 +1,8 @@
-"""Block kernels compiled on the workers, and their reference interpreter.
+"""Running a ``BlockKernel`` on the workers: compiled once per shapes and cached, or interpreted.
 
 A ``BlockKernel`` evaluates a fused subgraph of the IR on one block of each of its inputs
 and returns the blocks (or partial results) of the nodes it materialises. It arrives on a
-worker by pickling and is compiled there on first use (``blockprogram.Program``: numexpr
+worker by pickling and is compiled there on first use (``compiler.Program``: numexpr
 expressions, row loops, row sub-blocking), once per argument shapes and dtypes;
 ``interpret`` runs it one NumPy call per step (the reference the tests compare with).
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from arrayjob.kernels.block import evaluate
-from arrayjob.kernels.blockprogram import Program, last_uses
+from arrayjob.kernels.compiler import Program, last_uses
+from arrayjob.kernels.primitives import evaluate
 from arrayjob.planner.physical import BlockKernel
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]

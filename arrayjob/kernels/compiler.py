@@ -18,57 +18,42 @@ runs the kernel, once per argument shapes and dtypes):
    (``Eᵀ @ X``, ``E.sum(0)``, ``E @ C``) and arg-reductions over short rows run as compiled
    loops over the rows; E is never built. (Loops are used for blocks of at least
    ``LOOP_MIN_BYTES``: below, numba's one-time start costs more than they save.)
-3. *Row sub-blocking* (SystemML's Row template). When the program is row-parallel in its
-   largest argument — every step either carries that argument's rows or doesn't depend on
-   them, and rows are only summed away (sum, max, min, contractions) — it runs over chunks
-   of about ``CHUNK_BYTES`` of row data: each chunk's intermediates stay in cache, so the
-   big argument is read from memory once even when two contractions use it
-   (``X.T @ f(X @ w)``). Reductions over rows are accumulated across chunks, steps that
-   don't depend on the rows run once before the loop, and steps that need a finished
-   reduction run after it.
+3. *Row sub-blocking* (SystemML's Row template, ``row_chunks``): a program row-parallel in
+   its largest argument runs over cache-sized chunks of its rows, so the big argument is
+   read from memory once even when two contractions use it (``X.T @ f(X @ w)``).
 4. *Row loops* (``rowloop``): a row-parallel program whose only wide argument is the one
    cut into rows, everything else per row a scalar (the logistic loss and gradient), is
    generated as one numba loop over the rows instead of pieces.
 
-``Program(kernel, args)`` is the compiled form; ``block.CompiledPrograms`` caches it.
+``Program(kernel, args)`` is the compiled form; ``block_kernel.CompiledPrograms`` caches it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from arrayjob.kernels import rowloop
 from arrayjob.kernels.rewrites import packed, rewrites
+from arrayjob.kernels.row_chunks import CompiledOp, RowChunking
 from arrayjob.planner.ir import infer_shape
 from arrayjob.planner.ops import (
     ELEMENTWISE,
     Einsum,
     Map,
     Op,
-    OpAttrs,
-    Reduce,
-    Transpose,
-    combine_of,
 )
 
 try:  # numexpr is a dependency; without it kernels run NumPy step by step
-    from numexpr import set_num_threads
     from numexpr.necompiler import NumExpr
 except ImportError:  # pragma: no cover
-    NumExpr = set_num_threads = None
+    NumExpr = None
 
-# Row data per chunk, all row-carrying slots together. Measured on a 2-core AMD EPYC (1 MiB
-# L2 per core, 32 MiB L3) with 64 MiB blocks of the Black-Scholes and logistic kernels: 2-8 MiB
-# are within a few percent of each other and 10-25% faster than whole blocks; 128-512 KiB
-# chunks lose it again to per-chunk Python and BLAS call overhead.
-CHUNK_BYTES = 2 * 2**20
-MIN_CHUNK_ROWS = 64
 # Compiled loops (``rewrites``, ``rowloop``) for blocks at least this big. A process pays
 # about 0.85 s once to import numba and load a cached loop, and a loop saves about 0.1 ms
 # per MB of block (logistic, K-means): worth it for the blocks of large jobs, not small ones.
@@ -88,23 +73,11 @@ NUMPY_IS_AS_FAST = set(TEMPLATES) - {"sigmoid"}  # for a single operation
 NE_TYPES = {"bool": bool, "int32": np.int32, "int64": np.int64, "float64": np.float64}
 
 
-@dataclass
-class _Op:
-    """One executable step: a NumPy step or a numexpr expression over leaf slots."""
-
-    out: int
-    inputs: tuple[int, ...]  # slots read
-    kind: Op | str  # Op.MAP for expressions, else the step's op; "part" for a slice of a packed result
-    attrs: OpAttrs | None  # the step's (None for an expression or a part)
-    run: Callable[[list[Any]], Any]
-    expression: str | None = None  # the numexpr expression, over leaf slots ``v<slot>``
-
-
 class Program:
     """A ``BlockKernel`` compiled for one set of argument shapes and dtypes."""
 
     def __init__(self, kernel: Any, args: Sequence[Any]) -> None:
-        from arrayjob.kernels.block import evaluate
+        from arrayjob.kernels.primitives import evaluate
 
         self.kernel = kernel
         n_args = kernel.n_args
@@ -124,7 +97,7 @@ class Program:
             dtypes.append("float64")
         self.ops = _live(self._ops(evaluate), set(kernel.outputs))
         self.done_after = last_uses([op.inputs for op in self.ops], keep={*kernel.outputs, *range(n_args)})
-        self.chunking = _Chunking.of(self) if len(self.ops) > 1 else None
+        self.chunking = RowChunking.of(self) if len(self.ops) > 1 else None
         self.row_loop = rowloop.build(self, self.chunking.carrier) if loops and self.chunking is not None else None
 
     # -- expressions ---------------------------------------------------------------------
@@ -146,7 +119,7 @@ class Program:
             return ins[0] == "bool" and "bool" not in ins[1:]
         return "bool" not in ins
 
-    def _ops(self, evaluate: Callable[[Any, list[Any]], Any]) -> list[_Op]:
+    def _ops(self, evaluate: Callable[[Any, list[Any]], Any]) -> list[CompiledOp]:
         ok = [self._expressible(i) for i in range(len(self.kernel.steps))]
         while True:  # roots numexpr rejects (or needn't do) go to NumPy, and the rest is redone
             ops, rejected = self._try_ops(ok, evaluate)
@@ -155,7 +128,7 @@ class Program:
             for i in rejected:
                 ok[i] = False
 
-    def _try_ops(self, ok: list[bool], evaluate: Callable[[Any, list[Any]], Any]) -> tuple[list[_Op], list[int]]:
+    def _try_ops(self, ok: list[bool], evaluate: Callable[[Any, list[Any]], Any]) -> tuple[list[CompiledOp], list[int]]:
         kernel, n = self.kernel, self.kernel.n_args
         steps = kernel.steps
         uses: Counter[int] = Counter()
@@ -174,7 +147,7 @@ class Program:
         def const(slot: int) -> bool:
             return slot >= n and steps[slot - n].op is Op.CONST
 
-        ops: list[_Op] = []
+        ops: list[CompiledOp] = []
         rejected: list[int] = []
         packs = {i: (n + len(steps) + p, pack) for p, pack in enumerate(self.packed) for i in pack.parts}
         emitted: set[int] = set()
@@ -184,12 +157,12 @@ class Program:
                 at, pack = packs[i]
                 if at not in emitted:  # the packed loop runs once, before its first part
                     emitted.add(at)
-                    ops.append(_Op(at, pack.inputs, Op.EINSUM, Einsum(pack.subscripts), pack.run))
-                ops.append(_Op(slot, (at,), "part", None, lambda vals, at=at, part=pack.parts[i]: part(vals[at])))
+                    ops.append(CompiledOp(at, pack.inputs, Op.EINSUM, Einsum(pack.subscripts), pack.run))
+                ops.append(CompiledOp(slot, (at,), "part", None, functools.partial(_part, pack.parts[i], at)))
                 continue
             if i in self.rewrites:
                 rewrite = self.rewrites[i]
-                ops.append(_Op(slot, rewrite.inputs, Op.EINSUM, Einsum(rewrite.subscripts), rewrite.run))
+                ops.append(CompiledOp(slot, rewrite.inputs, Op.EINSUM, Einsum(rewrite.subscripts), rewrite.run))
                 continue
             if ok[i] and inlined(slot):
                 continue
@@ -223,7 +196,7 @@ class Program:
             leaves.append(slot)
         return f"v{slot}"
 
-    def _expression(self, slot: int, text: str, leaves: list[int]) -> _Op | None:
+    def _expression(self, slot: int, text: str, leaves: list[int]) -> CompiledOp | None:
         signature = [(f"v{s}", NE_TYPES[self.dtypes[s]]) for s in leaves]
         try:
             compiled = NumExpr(text, signature=signature)
@@ -237,7 +210,7 @@ class Program:
         def run(vals: list[Any]) -> Any:
             return compiled(*[vals[s] for s in leaf_slots])
 
-        return _Op(slot, leaf_slots, Op.MAP, None, run, expression=text)
+        return CompiledOp(slot, leaf_slots, Op.MAP, None, run, expression=text)
 
     # -- running -------------------------------------------------------------------------
     def __call__(self, args: Sequence[Any]) -> list[Any]:
@@ -254,7 +227,12 @@ class Program:
         return [vals[o] for o in self.kernel.outputs]
 
 
-def _live(ops: list[_Op], outputs: set[int]) -> list[_Op]:
+def _part(part: Callable[[Any], Any], at: int, vals: list[Any]) -> Any:
+    """One step's value out of a packed loop's result (``rewrites.Packed.parts``)."""
+    return part(vals[at])
+
+
+def _live(ops: list[CompiledOp], outputs: set[int]) -> list[CompiledOp]:
     """The ops an output depends on (a rewrite can leave its one-hot matrix unread)."""
     needed, kept = set(outputs), []
     for op in reversed(ops):
@@ -277,176 +255,14 @@ def last_uses(inputs: Sequence[Sequence[int]], keep: set[int]) -> list[tuple[int
     return [tuple(d) for d in done]
 
 
-def _numpy_op(slot: int, step: Any, evaluate: Callable[[Any, list[Any]], Any]) -> _Op:
+def _numpy_op(slot: int, step: Any, evaluate: Callable[[Any, list[Any]], Any]) -> CompiledOp:
     inputs = tuple(step.inputs)
 
     def run(vals: list[Any]) -> Any:
         return evaluate(step, [vals[s] for s in inputs])
 
-    return _Op(slot, inputs, step.op, step.attrs, run)
+    return CompiledOp(slot, inputs, step.op, step.attrs, run)
 
 
 # -- row sub-blocking ---------------------------------------------------------------------------
 
-PRE, LOOP, ACC, POST = "pre", "loop", "acc", "post"
-ACCUMULATE = {"sum": np.add, "max": np.maximum, "min": np.minimum}  # by ops.combine_of
-
-
-class _Conflict(Exception):
-    """The program is not row-parallel in the chosen argument."""
-
-
-@dataclass
-class _Chunking:
-    carrier: int  # the argument whose rows are cut
-    rows: int  # chunk length
-    length: int  # rows in all
-    pre: list[_Op]
-    loop: list[_Op]
-    post: list[_Op]
-    loop_args: list[tuple[int, int]]  # (slot, row axis)
-    accumulate: list[tuple[int, str]]  # (slot, combine fn)
-    loop_outputs: list[tuple[int, int]]  # (slot, row axis)
-
-    @classmethod
-    def of(cls, program: Program) -> _Chunking | None:
-        n = program.kernel.n_args
-        shapes = program.shapes
-        candidates = [s for s in range(n) if len(shapes[s]) >= 1 and shapes[s][0] > 1]
-        if not candidates:
-            return None
-        carrier = max(candidates, key=lambda s: math.prod(shapes[s]) * np.dtype(program.dtypes[s]).itemsize)
-        try:
-            role, axis, combine = _roles(program, carrier)
-        except _Conflict:
-            return None
-        length = shapes[carrier][0]
-        row_bytes = sum(math.prod(shapes[s]) * np.dtype(program.dtypes[s]).itemsize
-                        for s, r in role.items() if r == LOOP) / length
-        rows = max(MIN_CHUNK_ROWS, int(CHUNK_BYTES // max(row_bytes, 1)))
-        loop = [op for op in program.ops if role[op.out] in (LOOP, ACC)]
-        if rows * 2 > length or len(loop) < 2:
-            return None
-        outputs = set(program.kernel.outputs)
-        return cls(
-            carrier=carrier, rows=rows, length=length,
-            pre=[op for op in program.ops if role[op.out] == PRE], loop=loop,
-            post=[op for op in program.ops if role[op.out] == POST],
-            loop_args=[(s, axis[s]) for s in range(n) if role.get(s) == LOOP],
-            accumulate=[(op.out, combine[op.out]) for op in loop if role[op.out] == ACC],
-            loop_outputs=[(s, axis[s]) for s in outputs if role[s] == LOOP],
-        )
-
-    def run(self, vals: list[Any]) -> None:
-        # numexpr's threads cost more to wake than a cache-sized chunk takes to compute
-        # (measured: Black-Scholes 25% slower with 2 threads than with 1)
-        threads = set_num_threads(1) if set_num_threads is not None else 1
-        try:
-            self._run(vals)
-        finally:
-            if set_num_threads is not None and threads != 1:
-                set_num_threads(threads)
-
-    def _run(self, vals: list[Any]) -> None:
-        for op in self.pre:
-            vals[op.out] = op.run(vals)
-        totals: dict[int, Any] = {}
-        buffers: dict[int, np.ndarray] = {}
-        local = list(vals)
-        for start in range(0, self.length, self.rows):
-            stop = min(start + self.rows, self.length)
-            for slot, axis in self.loop_args:
-                local[slot] = vals[slot][(slice(None),) * axis + (slice(start, stop),)]
-            for op in self.loop:
-                local[op.out] = op.run(local)
-            for slot, fn in self.accumulate:
-                part = local[slot]
-                totals[slot] = part if slot not in totals else ACCUMULATE[fn](totals[slot], part)
-            for slot, axis in self.loop_outputs:
-                part = np.asarray(local[slot])
-                if slot not in buffers:
-                    shape = list(part.shape)
-                    shape[axis] = self.length
-                    buffers[slot] = np.empty(shape, dtype=part.dtype)
-                buffers[slot][(slice(None),) * axis + (slice(start, stop),)] = part
-        for slot, total in totals.items():
-            vals[slot] = np.asarray(total)
-        for slot, buffer in buffers.items():
-            vals[slot] = buffer
-        for op in self.post:
-            vals[op.out] = op.run(vals)
-
-
-def _row_axes(program: Program, carrier: int) -> dict[int, int]:
-    """The axis of each slot that runs along the carrier's rows (slots without one are absent).
-
-    Axes are joined as ``ir.AxisClasses`` joins them (aligned equal-length axes of a map,
-    equal einsum labels, kept axes of a reduction, transposed axes), on the actual shapes.
-    """
-    shapes = program.shapes
-    parent: dict[tuple[int, int], tuple[int, int]] = {}
-
-    def find(x: tuple[int, int]) -> tuple[int, int]:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def union(a: tuple[int, int], b: tuple[int, int]) -> None:
-        parent[find(a)] = find(b)
-
-    for op in program.ops:
-        out = shapes[op.out]
-        if op.kind is Op.MAP:
-            for s in op.inputs:
-                offset = len(out) - len(shapes[s])
-                for a, size in enumerate(shapes[s]):
-                    if size == out[a + offset] and size != 1:
-                        union((s, a), (op.out, a + offset))
-        elif isinstance(op.attrs, Einsum):
-            terms, result = op.attrs.terms
-            where = {label: (op.out, a) for a, label in enumerate(result)}
-            for term, s in zip(terms, op.inputs, strict=True):
-                for a, label in enumerate(term):
-                    if label in where:
-                        union((s, a), where[label])
-                    else:
-                        where[label] = (s, a)
-        elif isinstance(op.attrs, Reduce):
-            kept = [a for a in range(len(shapes[op.inputs[0]])) if a not in op.attrs.axes]
-            for k, a in enumerate(kept):
-                union((op.inputs[0], a), (op.out, a if op.attrs.keepdims else k))
-        elif isinstance(op.attrs, Transpose):
-            for k, a in enumerate(op.attrs.perm):
-                union((op.inputs[0], a), (op.out, k))
-    rows = find((carrier, 0))
-    found: dict[int, int] = {}
-    for slot in range(len(shapes)):
-        along = [a for a in range(len(shapes[slot])) if find((slot, a)) == rows]
-        if len(along) > 1:
-            raise _Conflict
-        if along:
-            found[slot] = along[0]
-    return found
-
-
-def _roles(program: Program, carrier: int) -> tuple[dict[int, str], dict[int, int], dict[int, str]]:
-    """Each slot's role: PRE (no rows), LOOP (its row axis), ACC (rows summed away), POST."""
-    axis = _row_axes(program, carrier)
-    role: dict[int, str] = {s: LOOP if s in axis else PRE for s in range(program.kernel.n_args)}
-    combine: dict[int, str] = {}
-    for op in program.ops:
-        kinds = {role[s] for s in op.inputs}
-        if op.out in axis:
-            if kinds & {ACC, POST}:
-                raise _Conflict  # a chunk would need a finished reduction
-            role[op.out] = LOOP
-        elif LOOP in kinds:  # the op sums the rows away
-            fn = combine_of(op.kind, op.attrs) if isinstance(op.kind, Op) and op.attrs is not None else None
-            if fn not in ACCUMULATE or kinds & {ACC, POST}:
-                raise _Conflict
-            role[op.out], combine[op.out] = ACC, fn
-        else:
-            role[op.out] = POST if kinds & {ACC, POST} else PRE
-    return role, axis, combine
