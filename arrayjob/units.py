@@ -108,6 +108,3 @@ def parse_bytes(text: str | int) -> int:
     if not value >= 1 or value != value or value == float("inf"):
         raise ValueError(f"not a size: {text!r}")
     return int(value)
-
-
-seconds = parse_duration  # the old name, still imported by runtime.cluster: to be renamed there

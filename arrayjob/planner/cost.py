@@ -32,7 +32,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from arrayjob.planner.contraction import pairwise
 from arrayjob.planner.ir import infer_shape
 from arrayjob.planner.ops import ELEMENTWISE, Einsum, Map, Op, Reduce
 from arrayjob.planner.physical import (
@@ -40,14 +39,15 @@ from arrayjob.planner.physical import (
     BlockKernel,
     CachedBlock,
     DriverValue,
+    InputArray,
     Kernel,
     PhysicalPlan,
-    Source,
     SourceBlock,
     Task,
     TaskResult,
 )
 from arrayjob.planner.plan import Plan, WorkRates
+from arrayjob.planner.work import einsum_work, map_work
 from arrayjob.units import size
 
 
@@ -292,15 +292,12 @@ WORK_KINDS = {
     "einsum_flops": "flops (2 × the product of all label sizes) of contractions of three or more operands",
     "qr_flops": "flops of LAPACK QR with Q formed (4mn² − 4n³/3 for an m × n block)",
     "triangular_solve_flops": "flops (mn²) of BLAS trsm: an m × n block times the inverse of an n × n triangle",
-    "edge_split": "edges through PageRank's split of an edge chunk by target block (jobs.pagerank.SplitByTarget)",
-    "edge_build": "edges into one CSR block of Aᵀ: distinct pairs by a sort, CSR layout (jobs.pagerank.BuildBlock)",
+    "edge_split": "edges through PageRank's split of an edge chunk by target block (jobs.pagerank_graph.SplitByTarget)",
+    "edge_build": "edges into one CSR block of Aᵀ: distinct pairs by a sort, CSR layout (jobs.pagerank_graph.BuildBlock)",
     "sparse_product": "nonzeros through a SciPy CSR product with a vector in cache, or a sum over it",
     "sparse_product_large": "nonzeros through a SciPy CSR product gathering from a vector too big for the cache",
     "result_bytes": "bytes of task results big enough for Ray's object store (fresh memory, page faults)",
 }
-# Below this many flops per operand byte a two-operand contraction streams its operands
-# (matrix × vector, 0.25 flop/byte); above it BLAS is compute-bound (XᵀX with 64 columns: 16).
-MEMORY_BOUND_FLOPS_PER_BYTE = 1.0
 # Ray returns results smaller than this inline with the task's reply (its
 # max_direct_call_object_size); bigger ones are written into fresh object-store memory.
 INLINE_RESULT_BYTES = 100 * 1024
@@ -310,25 +307,6 @@ def qr_flops(m: int, n: int) -> float:
     """Flops of a reduced Householder QR of an m × n block with Q formed (geqrf + orgqr)."""
     k = min(m, n)
     return max(0.0, 4.0 * m * n * k - 4.0 * k**3 / 3)
-
-
-def _einsum_work(subscripts: str, ins: list[tuple[int, ...]], work: Counter[str]) -> tuple[int, ...]:
-    terms, out = subscripts.split("->")
-    sizes: dict[str, int] = {}
-    for term, s in zip(terms.split(","), ins, strict=True):
-        sizes.update(zip(term, s, strict=True))
-    flops = 2 * math.prod(sizes.values())
-    if len(ins) == 1:
-        work["elementwise"] += math.prod(ins[0])
-    elif len(ins) == 2 and pairwise(subscripts) is not None:  # tensordot: BLAS
-        operand_bytes = 8 * sum(math.prod(s) for s in ins)
-        if flops < MEMORY_BOUND_FLOPS_PER_BYTE * operand_bytes:
-            work["contraction_bytes"] += operand_bytes
-        else:
-            work["contraction_flops"] += flops
-    else:
-        work["einsum_flops"] += flops
-    return tuple(sizes[c] for c in out)
 
 
 def kernel_work(kernel: object, in_shapes: list[tuple[int, ...]]) -> Counter[str]:
@@ -350,13 +328,14 @@ def kernel_work(kernel: object, in_shapes: list[tuple[int, ...]]) -> Counter[str
             shape: tuple[int, ...] = ()
         elif isinstance(attrs, Map):
             shape = tuple(np.broadcast_shapes(*ins))
-            calls = ELEMENTWISE[attrs.fn].calls
-            work["transcendental" if calls else "elementwise"] += math.prod(shape) * max(1, calls)
+            kind, amount = map_work(math.prod(shape), ELEMENTWISE[attrs.fn].calls)
+            work[kind] += amount
         elif isinstance(attrs, Reduce):
             work["elementwise"] += math.prod(ins[0])
             shape = infer_shape(step.op, ins, attrs)
         elif isinstance(attrs, Einsum):
-            shape = _einsum_work(attrs.subscripts, ins, work)
+            kind, amount, shape = einsum_work(attrs.subscripts, ins)
+            work[kind] += amount
         else:  # transpose: a view
             shape = infer_shape(step.op, ins, attrs)
         shapes.append(shape)
@@ -387,7 +366,7 @@ def work_seconds(work: Mapping[str, float], rates: WorkRates) -> float:
     return sum(amount / rates.rate(kind) for kind, amount in work.items())
 
 
-def block_shape(source: Source, ref: SourceBlock) -> tuple[int, ...]:
+def block_shape(source: InputArray, ref: SourceBlock) -> tuple[int, ...]:
     """The shape of block ``ref`` of ``source`` (edge blocks are smaller)."""
     return tuple(s.stop - s.start for s in source.grid.selection(ref.index))
 

@@ -122,11 +122,6 @@ class InputArray:
     check: Kernel | None = None
 
 
-# the old name, still imported by runtime/ and planner.cost: to be renamed there (the IR's
-# ``ops.Source`` is the source op's attributes; this is the array the physical plan reads)
-Source = InputArray
-
-
 @dataclass(frozen=True)
 class SourceBlock:
     array: str

@@ -317,12 +317,14 @@ class _Placer:
     def rebuild(self, tree: _Tree) -> None:
         """Combine partials on their own node first, then one partial per node across nodes."""
         template = tree.tasks[0]
+        step = template.reduction
+        assert step is not None, "a reduction tree's tasks are marked"
         counter = iter(range(len(self.ids) + 1))
 
         def combine(parts: list[TaskResult], candidates: list[int], final: bool, label: str, level: int) -> TaskResult:
             task_id = tree.root if final else self.fresh_id(f"combine {tree.prefix}.{label}.{next(counter)}")
             task = dataclasses.replace(template, id=task_id, args=tuple(parts), node=None,
-                                       reduction=dataclasses.replace(template.reduction, level=level))
+                                       reduction=dataclasses.replace(step, level=level))
             if not final:
                 self.load.uses[TaskResult(task_id)] += 1
             return self.place(task, candidates)
@@ -333,9 +335,10 @@ class _Placer:
         alone = len(by_node) == 1
         per_node: list[tuple[int, TaskResult]] = []
         for node in sorted(by_node):
-            root = combine_tree(by_node[node], lambda group, level, final, node=node: combine(
-                group, [node], alone and final, f"n{node}", level))
-            per_node.append((node, root))
+            def on_node(group: list[TaskResult], level: int, final: bool, node: int = node) -> TaskResult:
+                return combine(group, [node], alone and final, f"n{node}", level)
+
+            per_node.append((node, combine_tree(by_node[node], on_node)))
         # across nodes: as many partials per combine as fit one block's budget (at least
         # two, at most FAN_IN), so big partials go pairwise and small ones take few tasks
         fan_in = max(2, min(FAN_IN, self.block_budget // max(1, sum(template.out_bytes))))

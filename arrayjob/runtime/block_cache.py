@@ -1,6 +1,6 @@
 """The block cache of ``RayExecutor``: the blocks it holds between programs, and where they are.
 
-Source blocks are read by Ray tasks (on the workers, straight from storage) and kept in the
+Stored blocks are read by Ray tasks (on the workers, straight from storage) and kept in the
 object store for the life of the executor; kernels receive them zero-copy. Blocks kept
 between programs (``Session.persist``: ``keep``, ``alias``, ``release``) stay in the object
 store where their tasks ran, and later plans take them zero-copy. Each held block has a home
@@ -30,24 +30,24 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from arrayjob.io.locations import StorageCounters, StorageOptions
-from arrayjob.planner.physical import CachedBlock, PhysicalPlan, Source, SourceBlock, Task
+from arrayjob.planner.physical import CachedBlock, InputArray, PhysicalPlan, SourceBlock, Task
 from arrayjob.planner.residency import Residency
 from arrayjob.runtime import kept_spill, spill, worker_tasks
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.node_watch import NodeWatch
 from arrayjob.runtime.spill import StreamedRead
 
-BlockKey = tuple[Source, tuple[int, ...]]
+BlockKey = tuple[InputArray, tuple[int, ...]]
 
 
-def block_bytes(source: Source) -> int:
+def block_bytes(source: InputArray) -> int:
     """The bytes of a full block of ``source``, as read."""
     return math.prod(source.grid.block_shape) * np.dtype(source.array.dtype).itemsize
 
@@ -91,8 +91,9 @@ class BlockCache:
         source = plan.source(ref.array)
         key = (source, ref.index)
         if key not in self.blocks:
-            block, stats = worker_tasks.load_block.options(**self.place(node, block_bytes(source))).remote(
+            refs = worker_tasks.load_block.options(**self.place(node, block_bytes(source))).remote(
                 source, ref.index, self.options)
+            block, stats = cast(tuple[ray.ObjectRef, ray.ObjectRef], refs)  # num_returns=2
             self.blocks[key] = block
             self._pending_stats.append((key, stats))
             self.metrics.count_tasks(1)

@@ -16,17 +16,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, redirect_stdout, suppress
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 from arrayjob.errors import ClusterError, Terminated
 from arrayjob.planner.plan import ClusterShape
 from arrayjob.runtime import reaper
-from arrayjob.units import parse_bytes, seconds
+from arrayjob.units import parse_bytes, parse_duration
 
 
 def _is_duration(value: float | str) -> bool:
     try:
-        seconds(value)
+        parse_duration(value)
     except ValueError:
         return False
     return True
@@ -101,14 +101,14 @@ class ClusterOptions:
 
     @property
     def scale_timeout_seconds(self) -> float:
-        return seconds(self.scale_timeout)
+        return parse_duration(self.scale_timeout)
 
     @property
     def node_startup_seconds(self) -> float | None:
         """``node_startup`` in seconds, if set."""
         if self.node_startup is None:
             return None
-        return 0.0 if self.node_startup == 0 else seconds(self.node_startup)
+        return 0.0 if self.node_startup == 0 else parse_duration(self.node_startup)
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class PrivateRayWatch:
     def quiet_once_lost(self, stream: TextIO) -> TextIO:
         """``stream`` for what Ray's driver prints (a raylet's account of its own death), mute
         once this Ray has lost its GCS or raylet: the watch says that in one line."""
-        return _MuteOnceLost(stream, self)
+        return cast(TextIO, _MuteOnceLost(stream, self))
 
     def close(self) -> None:
         self._closed.set()
@@ -294,7 +294,8 @@ def _private_processes() -> dict[str, int]:
     node = worker._global_node
     found: dict[str, int] = {}
     for name in ("gcs_server", "raylet"):
-        for info in (node.all_processes.get(name, []) if node is not None else []):
+        processes: list[Any] = node.all_processes.get(name, []) if node is not None else []
+        for info in processes:
             found[name] = info.process.pid
     return found
 
@@ -321,7 +322,7 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
         return
     # A local instance is private to this job: no dashboard, no usage stats, no log spam.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    kwargs: dict[str, object] = {
+    kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "log_to_driver": False,
         "logging_level": logging.ERROR,

@@ -21,8 +21,8 @@ from arrayjob.io.backend import storage_retries
 from arrayjob.io.locations import StorageCounters, StorageOptions
 from arrayjob.planner.physical import (
     CachedBlock,
+    InputArray,
     PhysicalPlan,
-    Source,
     SourceBlock,
     TaskResult,
 )
@@ -103,7 +103,7 @@ class Executor(ABC):
         """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
 
 
-def load_and_check(source: Source, index: tuple[int, ...], options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
+def load_and_check(source: InputArray, index: tuple[int, ...], options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
     """Read one block of a source and check it; runs wherever the block is to live."""
     selection = source.grid.selection(index)
     retries = storage_retries()
@@ -125,10 +125,10 @@ class LocalExecutor(Executor):
     def __init__(self, options: StorageOptions, metrics: RunMetrics | None = None) -> None:
         self.options = options
         self.metrics = metrics or RunMetrics()
-        self._blocks: dict[tuple[Source, tuple[int, ...]], np.ndarray] = {}
+        self._blocks: dict[tuple[InputArray, tuple[int, ...]], np.ndarray] = {}
         self._kept: dict[str, list[Any]] = {}
         self._streaming = False  # under a budget: blocks not loaded are read at each use
-        self._read_once: set[tuple[Source, tuple[int, ...]]] = set()
+        self._read_once: set[tuple[InputArray, tuple[int, ...]]] = set()
 
     def nodes_now(self) -> int | None:
         return None  # one process: nothing comes or goes

@@ -264,9 +264,9 @@ class RayExecutor(Executor):
             paths = writes.get(plan.tasks[position].id)
             if paths:
                 by_node.setdefault(record[0], []).extend(p for p in paths if p)
-        for node, paths in by_node.items():
+        for node, files in by_node.items():
             strategy = NodeAffinitySchedulingStrategy(node, soft=True)
-            worker_tasks.remove_files.options(scheduling_strategy=strategy).remote(paths)
+            worker_tasks.remove_files.options(scheduling_strategy=strategy).remote(files)
 
     def _measure(self, plan: PhysicalPlan, values: Mapping[str, Any],
                  records: list[tuple[Any, ...]], submitted: tuple[int, ...] | None = None,

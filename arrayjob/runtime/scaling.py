@@ -47,8 +47,11 @@ class NodeRequest:
 
 def worker_ids(nodes: list[dict[str, object]]) -> set[str]:
     """Alive Ray nodes with CPUs (those block tasks can run on), from ``ray.nodes()``."""
-    return {str(n["NodeID"]) for n in nodes
-            if n.get("Alive") and (n.get("Resources") or {}).get("CPU", 0) > 0}  # type: ignore[union-attr]
+    def cpus(node: dict[str, object]) -> float:
+        resources = node.get("Resources")
+        return float(resources.get("CPU", 0)) if isinstance(resources, dict) else 0.0
+
+    return {str(n["NodeID"]) for n in nodes if n.get("Alive") and cpus(n) > 0}
 
 
 def clear_request() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from arrayjob.io.locations import StorageOptions
-from arrayjob.planner.physical import PhysicalPlan, Source, TaskResult
+from arrayjob.planner.physical import InputArray, PhysicalPlan, TaskResult
 from arrayjob.runtime import kept_spill
 from arrayjob.runtime.executor import load_and_check
 
@@ -37,7 +37,7 @@ class StreamedRead:
 
     __slots__ = ("index", "source", "spill")
 
-    def __init__(self, source: Source, index: tuple[int, ...], spill: str | None) -> None:
+    def __init__(self, source: InputArray, index: tuple[int, ...], spill: str | None) -> None:
         self.source, self.index, self.spill = source, index, spill
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -82,7 +82,7 @@ def remove_files(paths: list[str]) -> None:
             os.remove(path)
 
 
-def block_file(directory: str, source: Source, index: tuple[int, ...]) -> str:
+def block_file(directory: str, source: InputArray, index: tuple[int, ...]) -> str:
     """The spill file of a streamed source block (the same name on every node)."""
     name = f"{source.array.name}-{'.'.join(map(str, index))}-{abs(hash(source)):x}.npy"
     return os.path.join(directory, name)

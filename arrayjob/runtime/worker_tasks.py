@@ -24,7 +24,7 @@ import ray
 from arrayjob import kernels
 from arrayjob.errors import ArrayJobError, ClusterError
 from arrayjob.io.locations import StorageOptions
-from arrayjob.planner.physical import Source
+from arrayjob.planner.physical import InputArray
 from arrayjob.runtime import kept_spill, spill
 from arrayjob.runtime.executor import load_and_check
 from arrayjob.runtime.spill import StreamedRead
@@ -106,7 +106,7 @@ def fetch(refs: list[ray.ObjectRef]) -> list[Any]:
 
 
 @ray.remote(num_returns=2, max_retries=TASK_RETRIES)
-def load_block(source: Source, index: tuple[int, ...], options: StorageOptions) -> tuple[Any, dict[str, Any]]:
+def load_block(source: InputArray, index: tuple[int, ...], options: StorageOptions) -> tuple[Any, dict[str, Any]]:
     """A source block read into the object store where this task runs, and its read's stats."""
     block, stats = load_and_check(source, index, options)
     stats["node"] = this_node()
