@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import published, read_group, without_progress
+from tests.helpers import published, read_group, run_cli, without_progress
 
 REPO = Path(__file__).resolve().parents[1]
 ARRAYJOB = shutil.which("arrayjob", path=str(Path(sys.executable).parent)) or "arrayjob"
@@ -57,7 +57,6 @@ def test_unreachable_cluster_exit_5(tmp_path):
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
-@pytest.mark.cli
-def test_usage_errors_exit_2(tmp_path):
-    run = arrayjob("run", env=dict(os.environ), cwd=tmp_path)
-    assert run.returncode == 2 and "Missing argument 'SPEC'" in run.stderr
+def test_usage_errors_exit_2(capsys):
+    code, out, err = run_cli(["run"], capsys)
+    assert (code, out) == (2, "") and err == "arrayjob: error: Missing argument 'SPEC'.\n"
