@@ -60,7 +60,7 @@ RNG = random.Random(15)
 # -- the checkpoint store and the optimiser, without Ray -------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_checkpoint_round_trips_exactly_and_is_keyed_by_spec(where, tmp_path, request):
     if where == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
