@@ -312,13 +312,14 @@ def _reference(spec, capsys):
     return read_result("reference")
 
 
-def _stopped_run(spec, point, stop_at, workdir, *args, output="out"):
+def _stopped_run(spec, point, stop_at, workdir, capsys, *args, output="out"):
     success, runs = workdir / output / "_SUCCESS", workdir / output / "runs"
     before = success.read_bytes() if success.exists() else None
     staged = sorted(p.name for p in runs.iterdir()) if runs.exists() else []
     stop_at(point)
     with pytest.raises(Interrupted, match=f"^{point}$"):
         main(["run", str(spec), "--set", f"output.uri={json.dumps(output)}", *args])
+    capsys.readouterr()  # what it printed is not the rerun's
     assert (success.read_bytes() if success.exists() else None) == before  # nothing published
     assert not (workdir / output / "_lease").exists()  # it unwound: lease given up, staging removed
     assert (sorted(p.name for p in runs.iterdir()) if runs.exists() else []) == staged
@@ -352,7 +353,7 @@ def test_a_run_stopped_in_load_fit_write_or_publish_resumes(workdir, capsys, sto
     iterations = reference.attrs["iterations"]
     for point in ("load", f"fit:{RNG.randint(1, iterations - 1)}", "write", "publish"):
         output = f"out-{point.replace(':', '-')}"
-        _stopped_run(spec, point, stop_at, workdir, output=output)
+        _stopped_run(spec, point, stop_at, workdir, capsys, output=output)
         if point != "load":
             assert len(list((workdir / output / CHECKPOINTS).iterdir())) == 1
         _rerun_resumes(spec, output, point, iterations, capsys)
@@ -365,7 +366,7 @@ def test_a_run_stopped_in_load_fit_write_or_publish_resumes(workdir, capsys, sto
 def test_restart_ignores_the_checkpoint_and_another_spec_never_reads_it(workdir, capsys, stop_at):
     spec = _setup("cp_als", workdir)
     reference = _reference(spec, capsys)
-    _stopped_run(spec, "fit:4", stop_at, workdir)
+    _stopped_run(spec, "fit:4", stop_at, workdir, capsys)
     assert len(list((workdir / "out" / CHECKPOINTS).iterdir())) == 1
 
     # another spec on the same output: not this checkpoint's
@@ -374,7 +375,7 @@ def test_restart_ignores_the_checkpoint_and_another_spec_never_reads_it(workdir,
     assert json.loads(out)["checkpoints"]["resumed"] is None
     assert not (workdir / "out" / CHECKPOINTS).exists()  # a publish removes every checkpoint
 
-    _stopped_run(spec, "fit:4", stop_at, workdir, "--overwrite")
+    _stopped_run(spec, "fit:4", stop_at, workdir, capsys, "--overwrite")
     code, out, err = run_cli(["run", str(spec), "--overwrite", "--restart", "--json"], capsys)
     assert code == 0 and "resumed" not in err, err
     assert json.loads(out)["checkpoints"] == {"every_seconds": 0.0, "saved": reference.attrs["iterations"],
