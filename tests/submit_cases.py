@@ -37,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     out = Path(parser.parse_args().out)
+    begun = time.monotonic()
 
     import boto3
 
@@ -131,6 +132,7 @@ def main() -> None:
         return run
 
     started = time.monotonic()
+    seconds["prepare"] = round(started - begun, 2)  # imports, the S3 server, the input data
     start_ray()
     seconds["ray_start"] = round(time.monotonic() - started, 2)
     try:
