@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 BUCKET ?= .arrayjob/bucket
 DEMO   := $(BUCKET)/demo/logreg
 
-.PHONY: demo test typecheck test-autoscale test-airflow deploy-examples bench lint clean check-report
+.PHONY: demo test test-quick typecheck test-autoscale test-airflow deploy-examples bench lint clean check-report
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ test: $(VENV)/.installed-test typecheck
 # mypy over the package ([tool.mypy] in pyproject.toml says what and how).
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
+
+# The inner loop, in about a minute: the planner, kernels, spec and estimate, and jobs on the
+# in-process executor. Leaves out every test that starts or joins Ray, talks to the S3 server or
+# runs a process (markers in pyproject.toml; tests/conftest.py marks Ray and S3 by fixture).
+QUICK_TESTS := $(addprefix tests/test_,$(addsuffix .py,tiling fusion placement lowering programs rowloop \
+	cost_model residency estimate spec spec_paths spec_properties stages catalog logreg plan_cli kept_spill resume))
+test-quick: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m "not (ray or s3 or cli or multinode or jobs)" $(QUICK_TESTS)
 
 test-autoscale: $(VENV)/.installed-test
 	unshare --pid --fork --mount-proc --net sh tests/autoscale/run.sh

@@ -109,3 +109,15 @@ def data(workdir: Path) -> Path:
     write_array("data/X.zarr", X, (50, 3))
     write_array("data/y.zarr", y, (50,))
     return workdir
+
+
+# what a test needs, read off its fixtures: `make test-quick` leaves out every test that
+# starts or joins Ray, or talks to the S3 server, whether or not it was marked by hand
+_MARKED_BY_FIXTURE = {"ray_session": "ray", "s3_endpoint": "s3"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in _MARKED_BY_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)

@@ -14,6 +14,7 @@ import numpy as np
 import zarr
 
 from arrayjob.cli.main import main
+from arrayjob.io.lease import LeaseClock
 
 
 def storage_options(uri: str, endpoint: str | None) -> dict[str, Any] | None:
@@ -142,3 +143,45 @@ def run_in_own_session(cmd: list[str], *, timeout: float, what: str, cwd: Path |
             proc.communicate()
             pytest.fail(f"{what} did not finish in {timeout:g} s")
     assert proc.returncode == 0, stderr[-3000:]
+
+
+class ManualClock(LeaseClock):
+    """A lease clock that moves only when a test says (``advance``): the heartbeats of the leases
+    given it run in the test's thread at their due times, and a lease waiting for a holder
+    advances it. Its wall clock starts at the real time (a lease record holds a date)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.now = time.time()  # wall clock
+        self.elapsed = 0.0  # monotonic clock
+        self._beats: list[list[Any]] = []  # [due, every, renew, stop]
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.elapsed
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    def beat(self, every: float, renew: Any, stop: Any, name: str) -> Any:
+        self._beats.append([self.elapsed + every, every, renew, stop])
+        return lambda: None
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks on by ``seconds``, renewing each lease whose heartbeat falls due."""
+        end = self.elapsed + seconds
+        while due := [b for b in self._beats if not b[3].is_set() and b[0] <= end]:
+            beat = min(due, key=lambda b: b[0])
+            self._move_to(beat[0])
+            if beat[2]():
+                beat[0] += beat[1]
+            else:
+                self._beats.remove(beat)
+        self._move_to(end)
+
+    def _move_to(self, elapsed: float) -> None:
+        self.now += elapsed - self.elapsed
+        self.elapsed = elapsed

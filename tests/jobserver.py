@@ -32,11 +32,13 @@ S3 = "http://127.0.0.1:5055"
 SPEC = REPO / "configs" / "logreg.toml"
 
 
-def arrayjob(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> dict[str, Any]:
-    """The ``arrayjob`` command as a user runs it; its exit code and output."""
+def arrayjob(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> dict[str, Any]:
+    """The ``arrayjob`` command as a user runs it; its exit code, output and wall time."""
+    started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "arrayjob", *args], env=env or ENV, capture_output=True,
                           text=True, timeout=timeout, cwd="/")
-    return {"args": list(args), "code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+    return {"args": list(args), "code": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
+            "seconds": round(time.monotonic() - started, 2)}
 
 
 def start_moto() -> Any:
@@ -54,17 +56,19 @@ def start_ray() -> None:
                     "--dashboard-host", "127.0.0.1", "--dashboard-port", "8265", "--num-cpus", "2",
                     "--object-store-memory", str(200 * 2**20), "--disable-usage-stats"],
                    env=ENV, check=True, capture_output=True, timeout=120)
+    from ray.job_submission import JobSubmissionClient
+
     deadline = time.monotonic() + 60
     while True:  # the job server answers a little after `ray start` returns
         try:
             socket.create_connection(("127.0.0.1", 8265), timeout=1).close()
-            if arrayjob("status", "none", "--address", JOBS)["code"] == 2:  # "no job 'none'": it answers
-                return
-        except OSError:
+            JobSubmissionClient(JOBS).list_jobs()  # its jobs API answers
+            return
+        except (OSError, RuntimeError):
             pass
         if time.monotonic() > deadline:
             raise RuntimeError("the Ray job server did not answer in 60 s")
-        time.sleep(0.5)
+        time.sleep(0.25)
 
 
 def stop_ray() -> None:

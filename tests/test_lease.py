@@ -24,6 +24,7 @@ from arrayjob.io.lease import Lease, LeaseRecord
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.output import JobOutput
 from tests.helpers import (
+    ManualClock,
     published,
     read_result,
     run_cli,
@@ -131,28 +132,34 @@ class TestLease:
         assert not backend.list("_lease")
 
     def test_heartbeat_keeps_a_lease_and_a_lapsed_holder_cannot_publish(self, place):
+        """On a clock the test moves (``ManualClock``): the heartbeats fall due as it advances."""
         base, options, _ = place
         backend = backend_for(parse_uri(f"{base}/out"), options)
-        holder, other = Lease(backend, "holder", expiry=2.0), Lease(backend, "other", expiry=2.0)
+        clock = ManualClock()
+        holder = Lease(backend, "holder", expiry=2.0, clock=clock)
+        other = Lease(backend, "other", expiry=2.0, clock=clock)
         try:
             holder.acquire()
-            time.sleep(3.0)  # longer than the expiry: only the heartbeat keeps it
+            assert holder.heartbeat == pytest.approx(2.0 / 6)  # expiry / 6 by default
+            clock.advance(3.0)  # longer than the expiry: only the heartbeat keeps it
+            assert clock.now - holder.current().heartbeat <= holder.heartbeat + 1e-3  # renewed on time
             with pytest.raises(LeaseHeldError, match=r"is being written by run holder on "):
                 other.acquire(wait=False)
             holder.check()
 
             # a stall longer than half the expiry, no taker: the holder re-takes the next epoch
-            holder._stop.set()
-            holder._thread.join()
-            time.sleep(1.2)
+            holder.stop_heartbeat()
+            clock.advance(1.2)
             holder.check()
             assert holder.epoch == 2
 
-            # a stall past the expiry: another run takes over, the holder must not publish
-            time.sleep(2.3)
+            # a stall past the expiry: another run (waiting for it) takes over, the holder must not publish
             told: list[str] = []
-            other.acquire(wait=False, notify=told.append)
-            assert other.epoch == 3 and told[0].startswith(f"took over {backend.location} from run holder on ")
+            other.acquire(notify=told.append)  # its waits move the clock
+            assert other.epoch == 3 and len(told) == 2, told
+            assert told[0].startswith("waiting for run holder on ")
+            assert re.fullmatch(rf"took over {backend.location} from run holder on .+: no heartbeat for 2 s "
+                                r"\(expiry 2 s\)", told[1]), told
             with pytest.raises(LeaseHeldError, match=r": the lease was taken over by run other on .*; "
                                                      r"nothing was published$"):
                 holder.check()
@@ -161,6 +168,23 @@ class TestLease:
         finally:
             holder.release()
             other.release()
+
+    def test_heartbeat_thread_renews_on_the_system_clock(self, place):
+        """The real heartbeat: a thread renewing the lease object every ``heartbeat`` seconds."""
+        base, options, _ = place
+        backend = backend_for(parse_uri(f"{base}/out"), options)
+        holder = Lease(backend, "holder", expiry=60.0, heartbeat=0.05)
+        try:
+            holder.acquire()
+            first = holder.current().heartbeat
+            deadline = time.monotonic() + 30
+            while holder.current().heartbeat == first and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert holder.current().heartbeat > first and holder.epoch == 1
+            holder.check()
+        finally:
+            holder.release()
+        assert not backend.list("_lease")
 
     def test_overwrite_under_a_reader_never_shows_a_mix(self, place, monkeypatch):
         """The reader does what README says: read _SUCCESS, open the prefix it names, and
@@ -299,11 +323,15 @@ def test_racing_kmeans_runs_publish_once_with_worker_written_labels(place, workd
 
 
 @pytest.mark.cli
-def test_racing_arrayjob_processes_on_s3_tsqr(s3_endpoint, s3_bucket, tmp_path):
-    """Two `arrayjob run` processes on one output, and a third with --no-wait while one holds it."""
+@pytest.mark.ray
+def test_racing_arrayjob_processes_on_s3_tsqr(s3_endpoint, s3_bucket, tmp_path, ray_session):
+    """Two `arrayjob run` processes on one output, and a third with --no-wait while one holds it
+    (drivers of the session's Ray: a Ray of their own would add nothing to the race but time)."""
+    import ray
+
     from tests.test_cli_process import ARRAYJOB
 
-    env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint}
+    env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     A = np.random.default_rng(1).standard_normal((2000, 4))
     write_array(f"s3://{s3_bucket}/A.zarr", A, (500, 4), endpoint=s3_endpoint)
     write_spec(tmp_path / "q.toml", inputs={"A": f"s3://{s3_bucket}/A.zarr"}, output=f"s3://{s3_bucket}/out",

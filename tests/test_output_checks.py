@@ -1,9 +1,10 @@
 """The output is checked before anything runs: a file in its place, no write access, a full
 disk, a missing bucket, an endpoint that does not answer, an output inside an input.
 
-Each case runs the installed ``arrayjob`` as a process with ``RAY_ADDRESS`` pointing at a
-closed port: a run that got past validation would fail connecting to Ray (exit 5), so the
-exit code itself shows that the check came before the cluster, and no Ray is started.
+Each case runs ``arrayjob`` in-process with ``RAY_ADDRESS`` pointing at a closed port: a run
+that got past validation would go on to connect (exit 5, or a run on a Ray this process already
+holds), so the one line and its exit code show that the check came before the cluster. A
+read-only file system needs a mount namespace: that case runs the installed command as a process.
 """
 
 from __future__ import annotations
@@ -23,17 +24,31 @@ from arrayjob.errors import StorageError
 from arrayjob.io.backend import backend_for
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.output import JobOutput
-from tests.helpers import logreg_data, write_array, write_spec
+from tests.helpers import logreg_data, run_cli, write_array, write_spec
 
 ARRAYJOB = shutil.which("arrayjob", path=str(Path(sys.executable).parent)) or "arrayjob"
 NO_RAY = "127.0.0.1:9"  # nothing listens there: reaching the connect stage exits 5
 
 
-def arrayjob(*args: str, cwd: Path, env: dict[str, str] | None = None,
-             prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "RAY_ADDRESS": NO_RAY, **(env or {})}
+def process(*args: str, cwd: Path, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """The installed ``arrayjob`` as a process (after ``prefix``, a command it runs under)."""
+    environ = {**os.environ, "RAY_ADDRESS": NO_RAY}
     return subprocess.run([*prefix, ARRAYJOB, *args], env=environ, cwd=cwd, capture_output=True, text=True,
                           timeout=120)
+
+
+@pytest.fixture
+def arrayjob(monkeypatch, capsys):
+    """``arrayjob(*args, cwd=, env=)``: the command run in-process, as a finished process."""
+
+    def run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        monkeypatch.chdir(cwd)
+        for key, value in {"RAY_ADDRESS": NO_RAY, **(env or {})}.items():
+            monkeypatch.setenv(key, value)
+        code, out, err = run_cli(list(args), capsys)
+        return subprocess.CompletedProcess(["arrayjob", *args], code, out, err)
+
+    return run
 
 
 def assert_one_line(run: subprocess.CompletedProcess[str], code: int, message: str) -> None:
@@ -80,9 +95,8 @@ def in_tmpfs(directory: Path, options: str) -> tuple[str, ...]:
 # a file where the output must be a directory
 
 
-@pytest.mark.cli
 @pytest.mark.parametrize("output", ["afile", "afile/out"])
-def test_output_on_a_file_exit_4_before_anything_runs(logreg, output):
+def test_output_on_a_file_exit_4_before_anything_runs(logreg, output, arrayjob):
     (logreg / "afile").write_text("not a directory\n")
     run = arrayjob("run", logreg_spec(logreg, output), cwd=logreg)
     where = "a file stands there" if output == "afile" else f"{logreg}/afile is a file"
@@ -97,12 +111,11 @@ def test_output_on_a_file_exit_4_before_anything_runs(logreg, output):
 def test_read_only_filesystem_exit_4(logreg):
     if not _can_mount():
         pytest.skip("needs a private mount namespace (unshare -m, mount)")
-    run = arrayjob("run", logreg_spec(logreg, "ro/out"), cwd=logreg, prefix=in_tmpfs(logreg / "ro", "ro,size=64k"))
+    run = process("run", logreg_spec(logreg, "ro/out"), cwd=logreg, prefix=in_tmpfs(logreg / "ro", "ro,size=64k"))
     assert_one_line(run, 4, f"output.uri: {logreg}/ro/out is not writable: Read-only file system")
 
 
-@pytest.mark.cli
-def test_permission_denied_exit_4(logreg):
+def test_permission_denied_exit_4(logreg, arrayjob):
     if os.geteuid() == 0:  # root writes into a 0555 directory; sysfs refuses root too
         target, reason = Path("/sys/fs/arrayjob-out"), "Operation not permitted"
         if not Path("/sys/fs").is_dir():
@@ -141,7 +154,7 @@ def test_full_disk_refused_with_both_figures_and_a_complete_output_still_skipped
     A = logreg_data(20_000, 8)[0]
     write_array(str(tmp_path / "A.zarr"), A, (2500, 8))
     write_spec(tmp_path / "t.toml", algorithm="tsqr", inputs={"A": "A.zarr"}, output="disk/out")
-    run = arrayjob("run", "t.toml", cwd=tmp_path, prefix=in_tmpfs(tmp_path / "disk", "size=256k"))
+    run = process("run", "t.toml", cwd=tmp_path, prefix=in_tmpfs(tmp_path / "disk", "size=256k"))
     assert_one_line(run, 4, f"output.uri: {tmp_path}/disk/out: the result needs about 1.5 MB (1,542,656 bytes) "
                             "but its disk has 262.1 kB (262,144 bytes) free")
 
@@ -152,7 +165,7 @@ def test_full_disk_refused_with_both_figures_and_a_complete_output_still_skipped
     script = f"mkdir -p \"$0\"/out && printf '%s' '{manifest}' > \"$0\"/out/_SUCCESS && exec \"$@\""
     prefix = ("unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=64k tmpfs "$0" && {script}',
               str(tmp_path / "disk"))
-    again = arrayjob("run", "t.toml", "--json", cwd=tmp_path, prefix=prefix)
+    again = process("run", "t.toml", "--json", cwd=tmp_path, prefix=prefix)
     assert again.returncode == 0, again.stderr
     assert '"already_complete": true' in again.stdout
 
@@ -171,9 +184,8 @@ def test_room_compares_the_result_with_the_free_bytes(tmp_path):
 # S3: a missing bucket, an endpoint that does not answer
 
 
-@pytest.mark.cli
 @pytest.mark.s3
-def test_missing_bucket_exit_4_names_it(logreg, s3_endpoint, s3_bucket):
+def test_missing_bucket_exit_4_names_it(logreg, s3_endpoint, s3_bucket, arrayjob):
     spec = logreg_spec(logreg, "s3://no-such-bucket-x/out", storage=f'endpoint_url = "{s3_endpoint}"')
     run = arrayjob("run", spec, cwd=logreg)
     assert_one_line(run, 4, f"output.uri: s3://no-such-bucket-x/out: the bucket 'no-such-bucket-x' does not exist "
@@ -182,8 +194,7 @@ def test_missing_bucket_exit_4_names_it(logreg, s3_endpoint, s3_bucket):
     assert "no-such-bucket-x" not in names
 
 
-@pytest.mark.cli
-def test_unreachable_endpoint_exit_4_promptly(logreg):
+def test_unreachable_endpoint_exit_4_promptly(logreg, arrayjob):
     import socket
 
     with socket.socket() as s:  # a port nothing listens on
@@ -197,12 +208,18 @@ def test_unreachable_endpoint_exit_4_promptly(logreg):
     assert time.monotonic() - started < 60
 
 
-@pytest.mark.cli
-def test_endpoint_that_accepts_but_never_answers_exit_4_in_seconds_not_minutes(logreg):
+def test_endpoint_that_accepts_but_never_answers_exit_4_in_seconds_not_minutes(logreg, arrayjob, monkeypatch):
     """A server that takes connections and never replies: object_store would retry it for
-    3 minutes; the check gives up after its own 15 s."""
+    3 minutes; the check gives up after its own 15 s (here made 2 s: the test is of the giving up)."""
+    import datetime as dt
     import socket
 
+    from arrayjob.io import _s3
+
+    assert _s3._PROBE_CLIENT["timeout"] == _s3._PROBE_RETRY["retry_timeout"] == dt.timedelta(seconds=15)
+    monkeypatch.setitem(_s3._PROBE_CLIENT, "timeout", dt.timedelta(seconds=2))
+    monkeypatch.setitem(_s3._PROBE_CLIENT, "connect_timeout", dt.timedelta(seconds=2))
+    monkeypatch.setitem(_s3._PROBE_RETRY, "retry_timeout", dt.timedelta(seconds=2))
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)  # the kernel accepts; nobody reads or answers
@@ -219,9 +236,8 @@ def test_endpoint_that_accepts_but_never_answers_exit_4_in_seconds_not_minutes(l
 # the output inside an input
 
 
-@pytest.mark.cli
 @pytest.mark.parametrize("output", ["data/X.zarr/out", "link/out"])
-def test_output_inside_an_input_exit_2_nothing_written(logreg, output):
+def test_output_inside_an_input_exit_2_nothing_written(logreg, output, arrayjob):
     (logreg / "link").symlink_to(logreg / "data/X.zarr")
     before = files(logreg / "data")
     run = arrayjob("run", logreg_spec(logreg, output), cwd=logreg)
@@ -276,9 +292,8 @@ def test_probe_of_a_new_output_leaves_no_directory(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.cli
 @pytest.mark.s3
-def test_datagen_into_a_missing_bucket_or_onto_a_file_is_one_line_exit_4(tmp_path, s3_endpoint, s3_bucket):
+def test_datagen_into_a_missing_bucket_or_onto_a_file_is_one_line_exit_4(tmp_path, s3_endpoint, s3_bucket, arrayjob):
     """datagen checks where it writes first, as run does: one line, exit 4, nothing written."""
     run = arrayjob("datagen", "logreg", "s3://no-such-bucket-x/demo", "--rows", "100", cwd=tmp_path,
                    env={"AWS_ENDPOINT_URL": s3_endpoint})

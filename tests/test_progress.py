@@ -1,7 +1,8 @@
 """Watching a run: the plain lines off a terminal, one JSON object per event, --quiet.
 
-The runs are the installed ``arrayjob`` command on a small logistic regression, its stderr
-a pipe (not a terminal), so what a cron job or a log collector gets is what is checked."""
+The runs are ``arrayjob run`` on a small logistic regression, in-process on the session's Ray
+with stderr not a terminal, so what a cron job or a log collector gets is what is checked; the
+live view on a terminal is the installed ``arrayjob`` command as a process, its stderr a pty."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 from arrayjob.cli.progress import PlainLines, Watch, number
 from arrayjob.runtime.metrics import ProgressEvent, RunMetrics
-from tests.helpers import logreg_data, published, read_group, write_array, write_spec
+from tests.helpers import logreg_data, published, read_group, run_cli, write_array, write_spec
 
 ARRAYJOB = shutil.which("arrayjob", path=str(Path(sys.executable).parent)) or "arrayjob"
 STAGES = ["validate", "connect", "load", "fit", "write"]
@@ -38,15 +39,23 @@ def small_job(tmp_path_factory) -> Path:
     return root
 
 
-def arrayjob(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run([ARRAYJOB, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
+@pytest.fixture
+def arrayjob(small_job, ray_session, monkeypatch, capsys):
+    """``arrayjob(*args)``: the command run in-process in the job's directory, as a finished process."""
+    monkeypatch.chdir(small_job)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        code, out, err = run_cli(list(args), capsys)
+        return subprocess.CompletedProcess(["arrayjob", *args], code, out, err)
+
+    return run
 
 
-@pytest.mark.cli
-def test_plain_lines_off_a_terminal(small_job):
+@pytest.mark.ray
+def test_plain_lines_off_a_terminal(small_job, arrayjob):
     """One line per stage, one per 10 iterations, the publish; each line parses, nothing else."""
-    run = arrayjob("run", "job.toml", "--overwrite", cwd=small_job)
+    run = arrayjob("run", "job.toml", "--overwrite")
     assert run.returncode == 0, run.stderr
     lines = run.stderr.splitlines()
     texts = []
@@ -68,10 +77,10 @@ def test_plain_lines_off_a_terminal(small_job):
     assert "result:" in run.stdout  # the summary is still on stdout
 
 
-@pytest.mark.cli
-def test_json_events_one_per_line(small_job):
+@pytest.mark.ray
+def test_json_events_one_per_line(small_job, arrayjob):
     """--log-format json: every stderr line is one JSON object; with --json stdout is the report."""
-    run = arrayjob("run", "job.toml", "--overwrite", "--log-format", "json", "--json", cwd=small_job)
+    run = arrayjob("run", "job.toml", "--overwrite", "--log-format", "json", "--json")
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)  # stdout: pure JSON
     events = [json.loads(line) for line in run.stderr.splitlines()]
@@ -106,9 +115,9 @@ def test_json_events_one_per_line(small_job):
     assert f"{small_job / 'out'}/{publish['prefix']}" == published(str(small_job / "out"))
 
 
-@pytest.mark.cli
-def test_quiet_prints_only_the_final_line(small_job):
-    run = arrayjob("run", "job.toml", "--overwrite", "--quiet", cwd=small_job)
+@pytest.mark.ray
+def test_quiet_prints_only_the_final_line(small_job, arrayjob):
+    run = arrayjob("run", "job.toml", "--overwrite", "--quiet")
     assert run.returncode == 0, run.stderr
     assert run.stderr == ""
     run_prefix = published(str(small_job / "out"))
@@ -118,14 +127,15 @@ def test_quiet_prints_only_the_final_line(small_job):
         or run.stdout.startswith(f"test-logreg: did NOT converge in {group.attrs['iterations']} iterations: objective ")
     assert run.stdout.rstrip().endswith(f"result {run_prefix}/result.zarr (run {Path(run_prefix).name})")
 
-    again = arrayjob("run", "job.toml", "-q", cwd=small_job)
+    again = arrayjob("run", "job.toml", "-q")
     assert again.returncode == 0 and again.stderr == "" and again.stdout.count("\n") == 1
     assert "already complete" in again.stdout
 
 
-@pytest.mark.cli
-def test_progress_on_stdout_is_refused_with_json(small_job):
-    run = arrayjob("run", "job.toml", "--json", "--log-to", "stdout", cwd=small_job)
+def test_progress_on_stdout_is_refused_with_json(small_job, monkeypatch, capsys):
+    monkeypatch.chdir(small_job)
+    code, out, err = run_cli(["run", "job.toml", "--json", "--log-to", "stdout"], capsys)
+    run = subprocess.CompletedProcess([], code, out, err)
     assert run.returncode == 2 and "--log-to stdout cannot be used with --json" in run.stderr
     assert run.stdout == ""
 
@@ -197,14 +207,18 @@ def test_numbers_are_shown_to_four_significant_digits(value, shown):
 
 
 @pytest.mark.cli
-def test_live_view_on_a_terminal(small_job):
+@pytest.mark.ray
+def test_live_view_on_a_terminal(small_job, ray_session):
     """stderr a terminal (a pty): the view is redrawn in place (rich), stage ends are kept as
-    lines above it, and the view is cleared at the end; stdout (a pipe) keeps the summary."""
+    lines above it, and the view is cleared at the end; stdout (a pipe) keeps the summary.
+    The installed command as a process, a driver of the session's Ray."""
     import pty
     import select
 
+    import ray
+
     controller, terminal = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"COLUMNS": "120", "TERM": "xterm"}
+    env = os.environ | {"COLUMNS": "120", "TERM": "xterm", "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     proc = subprocess.Popen([ARRAYJOB, "run", "job.toml", "--overwrite"], cwd=small_job, env=env,
                             stdout=subprocess.PIPE, stderr=terminal, text=True)
     os.close(terminal)

@@ -1,10 +1,18 @@
-"""Long jobs resume: a run SIGKILLed during load, fit, write or publish, then run again, ends
+"""Long jobs resume: a run stopped during load, fit, write or publish, then run again, ends
 exactly where an undisturbed run ends (1e-10, the same iterations), and says when it resumed.
 
-The killed runs are real ``arrayjob run`` processes connected to the session's Ray; each
-kills itself at the point ``ARRAYJOB_TEST_KILL_AT`` names (``io.checkpoint.kill_point``).
-The runs after them are in-process, on the same Ray. Fit kill points are drawn at random
-(seeded) among the iterations the undisturbed run took.
+Three levels, each checking what the one above cannot:
+- each iterative algorithm stopped in-process right after a checkpoint (in its fit, and with
+  its fit done) and resumed, on the in-process executor: the job's own state is enough;
+- whole runs (``arrayjob run`` in-process, on the session's Ray) stopped at the points
+  ``ARRAYJOB_TEST_KILL_AT`` names (``io.checkpoint.kill_point``, made to raise), then rerun:
+  what the run does with a checkpoint (restore after the load, the report, removal once
+  published, ``--restart``, another spec);
+- real ``arrayjob run`` processes SIGKILLed at such a point, one per kind of checkpointed state
+  (an optimiser's state with its history; an iterate with worker-written results): what only
+  a dead process leaves (its lease to expire, its staging) and the rerun after it.
+Stopping points in a fit are drawn at random (seeded) among the iterations the undisturbed
+run took.
 """
 
 from __future__ import annotations
@@ -15,13 +23,23 @@ import random
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from arrayjob.cli.main import main
+from arrayjob.io import checkpoint
 from arrayjob.io.backend import backend_for
-from arrayjob.io.checkpoint import CHECKPOINTS, Checkpoint, CheckpointStore, decode, encode
+from arrayjob.io.checkpoint import (
+    CHECKPOINTS,
+    Checkpoint,
+    Checkpoints,
+    CheckpointStore,
+    decode,
+    encode,
+)
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.jobs import lbfgs
 from tests.helpers import (
@@ -35,14 +53,14 @@ from tests.helpers import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-LEASE_SECONDS = "2"  # a dead run's lease is taken over this long after its last heartbeat
+LEASE_SECONDS = "1"  # a dead run's lease is taken over this long after its last heartbeat
 RNG = random.Random(15)
 
 
 # -- the checkpoint store and the optimiser, without Ray -------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_checkpoint_round_trips_exactly_and_is_keyed_by_spec(where, tmp_path, request):
     if where == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
@@ -98,6 +116,39 @@ def test_lbfgs_resumed_from_any_iteration_is_bit_identical():
         assert np.array_equal(resumed.x, whole.x) and resumed.iteration == whole.iteration
 
 
+def test_checkpoint_every_spaces_the_saves_by_its_clock(tmp_path):
+    """At most one save per ``every`` seconds of its clock since the last (or the fit's start);
+    0 saves every iteration; the default (``run.checkpoint_every``) is a minute."""
+    from arrayjob.spec import RunOptions
+
+    assert RunOptions().checkpoint_every == 60.0
+    now = [100.0]
+    backend = backend_for(parse_uri(str(tmp_path / "out")), StorageOptions())
+    counted = []
+    ticks = Checkpoints(CheckpointStore(backend, "a" * 64), "r", "logreg", 60.0, clock=lambda: now[0],
+                        count=counted.append)
+    assert ticks.restore() is None
+    saved_at = []
+    for iteration in range(1, 13):  # one iteration each 25 s: saves at 75 s and 150 s (after 3 and 6)
+        now[0] += 25.0
+        before = ticks.saved
+        ticks.tick(iteration, {"x": np.full(2, float(iteration))})
+        if ticks.saved > before:
+            saved_at.append(iteration)
+    assert saved_at == [3, 6, 9, 12] and len(counted) == 4
+    assert counted[0].put_requests == 1 and counted[0].bytes_written > 0
+    assert ticks.store.load().iteration == 12
+    every = Checkpoints(CheckpointStore(backend, "b" * 64), "r", "logreg", 0.0, clock=lambda: now[0])
+    for iteration in range(1, 4):  # the clock stands still: 0 saves each iteration all the same
+        every.tick(iteration, {"x": np.zeros(1)})
+    assert every.saved == 3
+    short = Checkpoints(CheckpointStore(backend, "c" * 64), "r", "logreg", 60.0, clock=lambda: now[0])
+    for iteration in range(1, 60):  # a fit shorter than a minute: nothing saved
+        now[0] += 1.0
+        short.tick(iteration, {"x": np.zeros(1)})
+    assert short.saved == 0 and short.store.load() is None
+
+
 def test_lbfgs_stops_quietly_when_f_cannot_decrease():
     """tol = 0 is out of reach: the fit stops when the line search finds no decrease, before
     max_iter, at the minimum, and without SciPy's warning (warnings are errors here)."""
@@ -106,7 +157,7 @@ def test_lbfgs_stops_quietly_when_f_cannot_decrease():
     assert state.done and state.iteration < 2000 and np.allclose(state.x, 1.0, atol=1e-8)
 
 
-# -- killed runs of every iterative algorithm, then a rerun ----------------------------------------
+# -- every iterative algorithm, stopped after a checkpoint and resumed, in-process -----------------
 
 
 def _logreg(solver):
@@ -150,13 +201,6 @@ ALGORITHMS = {
 }
 
 
-@pytest.fixture
-def ray_address(ray_session):
-    import ray
-
-    return ray.get_runtime_context().gcs_address
-
-
 def _setup(name, workdir):
     algorithm, write, params, _ = ALGORITHMS[name]
     inputs = write(workdir)
@@ -164,10 +208,189 @@ def _setup(name, workdir):
                       extra="\n[run]\ncheckpoint_every = 0\n")
 
 
+def _same_result(name, got, reference):
+    """``got`` and ``reference`` (published ``result.zarr`` groups, or ``(attrs, arrays)``) agree to 1e-10."""
+    (got_attrs, got_arrays), (attrs, arrays) = _contents(got), _contents(reference)
+    assert got_attrs["iterations"] == attrs["iterations"]
+    for key in ALGORITHMS[name][3]:
+        if isinstance(attrs[key], int):
+            assert got_attrs[key] == attrs[key], key
+        else:
+            assert got_attrs[key] == pytest.approx(attrs[key], rel=1e-10, abs=0), key
+    assert set(got_arrays) == set(arrays)
+    for key, array in arrays.items():
+        if key == "labels":
+            assert np.array_equal(got_arrays[key], array)
+        else:
+            np.testing.assert_allclose(got_arrays[key], array, rtol=1e-10, atol=1e-14)
+
+
+def _contents(result):
+    if isinstance(result, tuple):
+        return result
+    return dict(result.attrs), {key: result[key][:] for key in result.array_keys()}
+
+
+class Interrupted(BaseException):  # noqa: N818 - a run stopped on purpose, not an error of its own
+    """Where a test stopped a run: not an ``Exception``, so that it passes through ``main``'s
+    handlers as a kill would, while the run unwinds (gives up its lease, removes its staging)."""
+
+
+@dataclass
+class StopAfter(Checkpoints):
+    """Checkpoints that stop the run right after iteration ``at``'s tick (and its save)."""
+
+    at: int = 0
+
+    def tick(self, iteration, state):
+        super().tick(iteration, state)
+        if iteration == self.at:
+            raise Interrupted(f"fit:{iteration}")
+
+
+def _fit(job, checkpoints):
+    """``job`` run on the in-process executor, with ``checkpoints``; (attrs, arrays) of its result."""
+    from arrayjob.jobs.base import JobContext
+    from arrayjob.planner.plan import ClusterShape, PlanOptions
+    from arrayjob.runtime.executor import LocalExecutor
+    from arrayjob.runtime.session import Session
+
+    session = Session(LocalExecutor(StorageOptions()), PlanOptions(cluster=ClusterShape(nodes=2, workers_per_node=2)))
+    result = job.run(JobContext(session, session.executor.metrics, StorageOptions(), None, checkpoints))
+    return dict(result.attrs), dict(result.arrays)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_each_algorithm_stopped_after_a_checkpoint_resumes_to_the_undisturbed_result(name, workdir):
+    """Stopped in its fit (a random iteration) and with its fit done (as a run stopped in write or
+    publish is), then run again from the checkpoint: the same result, the same iterations."""
+    from arrayjob.runner import prepare
+    from arrayjob.spec import load_spec
+
+    spec = load_spec(str(_setup(name, workdir)))
+    job = prepare(spec)
+    store = CheckpointStore(backend_for(spec.output, StorageOptions()), spec.digest())
+    undisturbed = _fit(job, Checkpoints(store, "whole", spec.algorithm, every=0))
+    iterations = undisturbed[0]["iterations"]
+    assert iterations >= 3, f"{name}: too few iterations ({iterations}) to stop in between"
+    store.clear()
+    for at in (RNG.randint(1, iterations - 1), iterations):
+        with pytest.raises(Interrupted):
+            _fit(job, StopAfter(store, f"stopped-{at}", spec.algorithm, every=0, at=at))
+        again = Checkpoints(store, "again", spec.algorithm, every=0)
+        resumed = _fit(job, again)
+        assert (again.resumed.run_id, again.resumed.iteration) == (f"stopped-{at}", at)
+        assert again.saved == iterations - at  # it went on from there, not from the start
+        _same_result(name, resumed, undisturbed)
+        store.clear()
+    # a checkpoint of another algorithm under this spec's name is not this job's state
+    store.save(Checkpoint("other", 2, "not-" + spec.algorithm, {"x": np.zeros(1)}))
+    fresh = Checkpoints(store, "fresh", spec.algorithm, every=0)
+    _same_result(name, _fit(job, fresh), undisturbed)
+    assert fresh.resumed is None and fresh.saved == iterations
+
+
+# -- whole runs stopped at a kill point, in-process on the session's Ray ---------------------------
+
+
+@pytest.fixture
+def stop_at(monkeypatch):
+    """``stop_at(point)``: the next run in this process raises ``Interrupted`` at ``point``
+    (``io.checkpoint.kill_point``) instead of being SIGKILLed there."""
+
+    def die(point):
+        monkeypatch.delenv(checkpoint.KILL_ENV)
+        raise Interrupted(point)
+
+    monkeypatch.setattr(checkpoint, "die", die)
+    return lambda point: monkeypatch.setenv(checkpoint.KILL_ENV, point)
+
+
 def _reference(spec, capsys):
     code, _, err = run_cli(["run", str(spec), "--set", 'output.uri="reference"'], capsys)
     assert (code, without_progress(err)) == (0, "")
     return read_result("reference")
+
+
+def _stopped_run(spec, point, stop_at, workdir, capsys, *args, output="out"):
+    success, runs = workdir / output / "_SUCCESS", workdir / output / "runs"
+    before = success.read_bytes() if success.exists() else None
+    staged = sorted(p.name for p in runs.iterdir()) if runs.exists() else []
+    stop_at(point)
+    with pytest.raises(Interrupted, match=f"^{point}$"):
+        main(["run", str(spec), "--set", f"output.uri={json.dumps(output)}", *args])
+    capsys.readouterr()  # what it printed is not the rerun's
+    assert (success.read_bytes() if success.exists() else None) == before  # nothing published
+    assert not (workdir / output / "_lease").exists()  # it unwound: lease given up, staging removed
+    assert (sorted(p.name for p in runs.iterdir()) if runs.exists() else []) == staged
+
+
+def _rerun_resumes(spec, output, point, iterations, capsys):
+    """Run ``spec`` into ``output`` again after a stop at ``point``; the report."""
+    code, out, err = run_cli(["run", str(spec), "--json", "--set", f"output.uri={json.dumps(output)}"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    if point == "load":  # stopped before any checkpoint: a fresh start
+        assert "resumed" not in err and report["checkpoints"]["resumed"] is None
+    else:
+        resumed_at = int(point[4:]) if point.startswith("fit:") else iterations
+        lines = [line for line in err.splitlines() if "resumed" in line]
+        assert len(lines) == 1 and lines[0].startswith("arrayjob: resumed run "), (point, err)
+        assert lines[0].endswith(f" from iteration {resumed_at}"), (point, lines)
+        assert report["checkpoints"]["resumed"]["iteration"] == resumed_at
+        assert report["checkpoints"]["saved"] == iterations - resumed_at
+    assert not Path(output, CHECKPOINTS).exists()  # removed once published
+    return report
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("ray_session")
+def test_a_run_stopped_in_load_fit_write_or_publish_resumes(workdir, capsys, stop_at):
+    """KMeans: its labels are written by the workers, into the staging a stopped run leaves."""
+    spec = _setup("kmeans", workdir)
+    reference = _reference(spec, capsys)
+    iterations = reference.attrs["iterations"]
+    for point in ("load", f"fit:{RNG.randint(1, iterations - 1)}", "write", "publish"):
+        output = f"out-{point.replace(':', '-')}"
+        _stopped_run(spec, point, stop_at, workdir, capsys, output=output)
+        if point != "load":
+            assert len(list((workdir / output / CHECKPOINTS).iterdir())) == 1
+        _rerun_resumes(spec, output, point, iterations, capsys)
+        _same_result("kmeans", read_result(output), reference)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("ray_session")
+def test_restart_ignores_the_checkpoint_and_another_spec_never_reads_it(workdir, capsys, stop_at):
+    spec = _setup("cp_als", workdir)
+    reference = _reference(spec, capsys)
+    _stopped_run(spec, "fit:4", stop_at, workdir, capsys)
+    assert len(list((workdir / "out" / CHECKPOINTS).iterdir())) == 1
+
+    # another spec on the same output: not this checkpoint's
+    code, out, err = run_cli(["run", str(spec), "--set", "params.seed=3", "--json"], capsys)
+    assert code == 0 and "resumed" not in err, err
+    assert json.loads(out)["checkpoints"]["resumed"] is None
+    assert not (workdir / "out" / CHECKPOINTS).exists()  # a publish removes every checkpoint
+
+    _stopped_run(spec, "fit:4", stop_at, workdir, capsys, "--overwrite")
+    code, out, err = run_cli(["run", str(spec), "--overwrite", "--restart", "--json"], capsys)
+    assert code == 0 and "resumed" not in err, err
+    assert json.loads(out)["checkpoints"] == {"every_seconds": 0.0, "saved": reference.attrs["iterations"],
+                                              "resumed": None}
+    _same_result("cp_als", read_result("out"), reference)
+
+
+# -- real processes SIGKILLed, then a rerun -------------------------------------------------------
+
+
+@pytest.fixture
+def ray_address(ray_session):
+    import ray
+
+    return ray.get_runtime_context().gcs_address
 
 
 def _killed_run(spec, point, address, workdir, *args, output="out"):
@@ -183,89 +406,32 @@ def _killed_run(spec, point, address, workdir, *args, output="out"):
     assert (success.read_bytes() if success.exists() else None) == before  # nothing published
 
 
-def _same_result(name, got, reference):
-    keys = ALGORITHMS[name][3]
-    assert got.attrs["iterations"] == reference.attrs["iterations"]
-    for key in keys:
-        if isinstance(reference.attrs[key], int):
-            assert got.attrs[key] == reference.attrs[key], key
-        else:
-            assert got.attrs[key] == pytest.approx(reference.attrs[key], rel=1e-10, abs=0), key
-    for array in reference.array_keys():
-        if array == "labels":
-            assert np.array_equal(got[array][:], reference[array][:])
-        else:
-            np.testing.assert_allclose(got[array][:], reference[array][:], rtol=1e-10, atol=1e-14)
-
-
-# a random fit iteration for each algorithm; kills in load, write and publish spread over them
-KILLS = {"lbfgs": "load", "newton": "publish", "kmeans": "write", "pagerank": "publish", "cp_als": "write"}
+# an optimiser's whole state (L-BFGS: iterate, gradient, history) killed in its fit; an iterate
+# (k-means' centroids) whose run was killed publishing, its worker-written labels in its staging
+KILLS = {"lbfgs": "fit", "kmeans": "publish"}
 
 
 @pytest.mark.ray
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", list(ALGORITHMS))
+@pytest.mark.parametrize("name", list(KILLS))
 def test_killed_run_resumes_to_the_undisturbed_result(name, workdir, capsys, ray_address, monkeypatch):
     spec = _setup(name, workdir)
     reference = _reference(spec, capsys)
     iterations = reference.attrs["iterations"]
-    assert iterations >= 3, f"{name}: too few iterations ({iterations}) to kill in between"
+    point = f"fit:{RNG.randint(1, iterations - 1)}" if KILLS[name] == "fit" else KILLS[name]
+    _killed_run(spec, point, ray_address, workdir)
+    leases = list((workdir / "out" / "_lease").iterdir())
+    assert len(leases) == 1 and len(list((workdir / "out" / CHECKPOINTS).iterdir())) == 1
+    dead = json.loads(leases[0].read_text())["run_id"]
+    if point == "publish":  # its staging is all there, but not published
+        assert (workdir / "out" / "runs" / dead / "report.json").exists()
     monkeypatch.setenv("ARRAYJOB_LEASE_SECONDS", LEASE_SECONDS)
-    for point in (f"fit:{RNG.randint(1, iterations - 1)}", KILLS[name]):
-        output = f"out-{point.replace(':', '-')}"
-        _killed_run(spec, point, ray_address, workdir, output=output)
-
-        code, _, err = run_cli(["run", str(spec), "--set", f"output.uri={json.dumps(output)}"], capsys)
-        assert code == 0, err
-        report = json.loads(Path(published(output), "report.json").read_text())
-        if point == "load":  # killed before any checkpoint: a fresh start
-            assert "resumed" not in err and report["checkpoints"]["resumed"] is None
-        else:
-            resumed_at = int(point[4:]) if point.startswith("fit:") else iterations
-            lines = [line for line in err.splitlines() if "resumed" in line]
-            assert len(lines) == 1 and lines[0].startswith("arrayjob: resumed run "), (point, err)
-            assert lines[0].endswith(f" from iteration {resumed_at}"), (point, lines)
-            assert report["checkpoints"]["resumed"]["iteration"] == resumed_at
-        _same_result(name, read_result(output), reference)
-        assert not (workdir / output / CHECKPOINTS).exists()  # removed once published
-
-
-@pytest.mark.ray
-@pytest.mark.timeout(180)
-def test_restart_ignores_the_checkpoint_and_another_spec_never_reads_it(workdir, capsys, ray_address, monkeypatch):
-    spec = _setup("cp_als", workdir)
-    reference = _reference(spec, capsys)
-    _killed_run(spec, "fit:4", ray_address, workdir)
-    assert len(list((workdir / "out" / CHECKPOINTS).iterdir())) == 1
-    monkeypatch.setenv("ARRAYJOB_LEASE_SECONDS", LEASE_SECONDS)
-
-    # another spec on the same output: not this checkpoint's
-    code, out, err = run_cli(["run", str(spec), "--set", "params.seed=3", "--json"], capsys)
-    assert code == 0 and "resumed" not in err, err
-    assert json.loads(out)["checkpoints"]["resumed"] is None
-    assert not (workdir / "out" / CHECKPOINTS).exists()  # a publish removes every checkpoint
-
-    _killed_run(spec, "fit:4", ray_address, workdir, "--overwrite")
-    code, out, err = run_cli(["run", str(spec), "--overwrite", "--restart", "--json"], capsys)
-    assert code == 0 and "resumed" not in err, err
-    assert json.loads(out)["checkpoints"] == {"every_seconds": 0.0, "saved": reference.attrs["iterations"],
-                                              "resumed": None}
-    _same_result("cp_als", read_result("out"), reference)
-
-
-@pytest.mark.ray
-@pytest.mark.usefixtures("ray_session")
-def test_checkpoint_every_spaces_the_saves(data, capsys):
-    """The default saves at most once a minute (none in a short fit); 0 saves every iteration."""
-    spec = write_spec(data / "s.toml", inputs={"X": "data/X.zarr", "y": "data/y.zarr"}, output="out")
-    code, out, _ = run_cli(["run", str(spec), "--json"], capsys)
-    assert code == 0 and json.loads(out)["checkpoints"] == {"every_seconds": 60.0, "saved": 0, "resumed": None}
-    code, out, _ = run_cli(["run", str(spec), "--json", "--overwrite", "--set", "run.checkpoint_every=0"], capsys)
-    report = json.loads(out)
-    assert code == 0 and report["checkpoints"]["saved"] == report["result"]["iterations"] > 1
-    fit = next(s for s in report["stages"] if s["name"] == "fit")
-    assert fit["storage.put_requests"] == report["checkpoints"]["saved"]  # counted where they were written
-    assert not (data / "out" / CHECKPOINTS).exists()
+    report = _rerun_resumes(spec, "out", point, iterations, capsys)
+    _same_result(name, read_result("out"), reference)
+    if name == "lbfgs":  # the saves are counted where they were written (its fit writes nothing else)
+        fit = next(s for s in report["stages"] if s["name"] == "fit")
+        assert fit["storage.put_requests"] == report["checkpoints"]["saved"] > 0
+    assert [p.name for p in (workdir / "out" / "runs").iterdir()] == [published("out").rsplit("/", 1)[1]]
 
 
 def test_checkpoint_every_is_validated(data, capsys):

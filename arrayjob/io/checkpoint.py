@@ -42,11 +42,19 @@ KILL_ENV = "ARRAYJOB_TEST_KILL_AT"  # tests only: "fit:3" SIGKILLs this process 
 State = Mapping[str, Any]
 
 
+def _sigkill(point: str) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# what reaching the named kill point does: a SIGKILL; an in-process test raises instead
+die: Callable[[str], None] = _sigkill
+
+
 def kill_point(point: str) -> None:
-    """SIGKILL this process if ``ARRAYJOB_TEST_KILL_AT`` names ``point`` (``load``, ``fit:<iteration>``,
-    ``write``, ``publish``): how the resume tests die at a chosen place, as a killed run would."""
+    """Die if ``ARRAYJOB_TEST_KILL_AT`` names ``point`` (``load``, ``fit:<iteration>``, ``write``,
+    ``publish``): how the resume tests stop a run at a chosen place, as a killed run would."""
     if os.environ.get(KILL_ENV) == point:
-        os.kill(os.getpid(), signal.SIGKILL)
+        die(point)
 
 
 @dataclass(frozen=True)
@@ -119,8 +127,9 @@ class Checkpoints:
     """What a running job sees: the state to resume from, and ``tick`` at each iteration's end.
 
     ``tick`` saves at most once per iteration, when ``every`` seconds have passed since the
-    last save (or the start of the fit); ``every = 0`` saves each iteration. Without a store
-    (a job run in-process by a test or a library user) nothing is saved or resumed.
+    last save (or the start of the fit) by ``clock``; ``every = 0`` saves each iteration.
+    Without a store (a job run in-process by a test or a library user) nothing is saved or
+    resumed.
     """
 
     store: CheckpointStore | None = None
@@ -131,13 +140,17 @@ class Checkpoints:
     count: Callable[[StorageCounters], None] = lambda counters: None  # the run's storage metrics
     resumed: Checkpoint | None = None  # what this run resumed from, if anything
     saved: int = 0  # checkpoints written by this run
-    _last: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic  # seconds, for ``every``
+    _last: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self._last = self.clock()
 
     def restore(self) -> Checkpoint | None:
         """The checkpoint to resume from, read once at the start of the fit, after the load
         (then the clock starts); a resume is told to ``notify``."""
         kill_point("load")
-        self._last = time.monotonic()
+        self._last = self.clock()
         if self.store is None:
             return None
         found = self.store.load()
@@ -150,9 +163,9 @@ class Checkpoints:
     def tick(self, iteration: int, state: State) -> None:
         """The end of ``iteration``: save ``state`` if due. ``state`` is everything the job needs
         to go on from here exactly as it would have (arrays and JSON scalars)."""
-        if self.store is not None and time.monotonic() - self._last >= self.every:
+        if self.store is not None and self.clock() - self._last >= self.every:
             written = self.store.save(Checkpoint(self.run_id, iteration, self.job, dict(state)))
             self.count(StorageCounters(bytes_written=written, put_requests=1))
             self.saved += 1
-            self._last = time.monotonic()
+            self._last = self.clock()
         kill_point(f"fit:{iteration}")

@@ -17,6 +17,9 @@ The run whose object is the highest epoch holds the output.
   before publishing; a run publishes only if it still holds the lease. This assumes hosts'
   clocks agree to well within ``expiry / 2``.
 - Releasing deletes its own object and the older epochs.
+
+The lease reads time, waits and beats through a ``LeaseClock`` (the system's by default): a
+test hands it one it advances by hand, so a lease expires without anyone sleeping.
 """
 
 from __future__ import annotations
@@ -50,6 +53,36 @@ def lease_expiry() -> float:
     if not seconds > 0:
         raise SpecError(f"{EXPIRY_ENV}: expected a number of seconds above 0, got {text!r}")
     return seconds
+
+
+class LeaseClock:
+    """The lease's notion of time: the wall clock its heartbeats are written in (compared
+    across hosts), a monotonic clock for its own renewals' spacing, the pause while another
+    run holds the output, and the heartbeat that renews the lease beside the job (a thread)."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def beat(self, every: float, renew: Callable[[], bool], stop: threading.Event, name: str) -> Callable[[], None]:
+        """Call ``renew`` every ``every`` seconds until ``stop`` is set or ``renew`` returns
+        False; returns what waits for the beating to end."""
+
+        def loop() -> None:
+            while not stop.wait(every) and renew():
+                pass
+
+        thread = threading.Thread(target=loop, name=name, daemon=True)
+        thread.start()
+        return lambda: thread.join(timeout=30)
+
+
+SYSTEM_CLOCK = LeaseClock()
 
 
 def _now_iso(t: float) -> str:
@@ -93,17 +126,20 @@ class LeaseRecord:
 class Lease:
     """This run's lease on the output that ``backend`` is rooted at."""
 
-    def __init__(self, backend: StorageBackend, run_id: str, *, expiry: float | None = None) -> None:
+    def __init__(self, backend: StorageBackend, run_id: str, *, expiry: float | None = None,
+                 heartbeat: float | None = None, clock: LeaseClock = SYSTEM_CLOCK) -> None:
         self.backend = backend
         self.run_id = run_id
         self.expiry = lease_expiry() if expiry is None else expiry
+        self.heartbeat = self.expiry / 6 if heartbeat is None else heartbeat  # seconds between renewals
+        self.clock = clock
         self.epoch: int | None = None
         self.since = ""
         self.lost: str | None = None  # why this run no longer holds the lease
-        self._renewed = 0.0  # time.monotonic() of the last renewal's heartbeat
+        self._renewed = 0.0  # clock.monotonic() of the last renewal's heartbeat
         self._lock = threading.Lock()  # renewals come from the heartbeat thread and from check()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._beating: Callable[[], None] | None = None  # waits for the heartbeat to end
 
     def __repr__(self) -> str:
         return f"Lease({self.backend.location}, run {self.run_id}, epoch {self.epoch})"
@@ -131,7 +167,7 @@ class Lease:
         where = self.backend.location
         told = None
         while True:
-            now = time.time()
+            now = self.clock.time()
             held = self.current()
             if held is not None and not held.expired(now):
                 if not wait:
@@ -140,15 +176,14 @@ class Lease:
                 if told != (held.epoch, held.run_id):
                     notify(f"waiting for {held.holder}, which is writing {where}")
                     told = (held.epoch, held.run_id)
-                time.sleep(min(2.0, self.expiry / 6))
+                self.clock.sleep(min(2.0, self.heartbeat))
                 continue
             if self._create(1 if held is None else held.epoch + 1):
                 if held is not None:
                     silent = "never" if held.heartbeat == 0 else f"{now - held.heartbeat:.0f} s"
                     notify(f"took over {where} from {held.holder}: no heartbeat for {silent} "
                            f"(expiry {held.expiry:g} s)")
-                self._thread = threading.Thread(target=self._beat, name=f"lease-{self.run_id}", daemon=True)
-                self._thread.start()
+                self._beating = self.clock.beat(self.heartbeat, self._beat, self._stop, f"lease-{self.run_id}")
                 return
             # another run created that epoch first: look again
 
@@ -167,9 +202,7 @@ class Lease:
     def release(self) -> None:
         """Stop renewing and delete this run's lease object and older ones (best effort: a
         lease left behind expires)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self.stop_heartbeat()
         if self.epoch is None:
             return
         try:
@@ -181,12 +214,18 @@ class Lease:
             pass
         self.epoch = None
 
+    def stop_heartbeat(self) -> None:
+        """Stop renewing (and wait for the heartbeat to end); ``check`` still renews."""
+        self._stop.set()
+        if self._beating is not None:
+            self._beating()
+
     def _record(self, epoch: int, heartbeat: float) -> LeaseRecord:
         return LeaseRecord(epoch, self.run_id, socket.gethostname(), os.getpid(), self.since, heartbeat, self.expiry)
 
     def _create(self, epoch: int) -> bool:
         """Create ``epoch`` by a conditional create; whether this run won it."""
-        stamp, now = time.monotonic(), time.time()
+        stamp, now = self.clock.monotonic(), self.clock.time()
         self.since = self.since or _now_iso(now)
         try:
             self.backend.write_bytes(_key(epoch), self._record(epoch, now).to_json(), exclusive=True)
@@ -199,7 +238,7 @@ class Lease:
         with self._lock:
             if self.lost is not None or self.epoch is None:
                 return
-            stamp, now = time.monotonic(), time.time()
+            stamp, now = self.clock.monotonic(), self.clock.time()
             held = self.current()
             if held is None or (held.epoch, held.run_id) != (self.epoch, self.run_id):
                 self.lost = f"the lease was taken over by {held.holder}" if held else "the lease was removed"
@@ -218,14 +257,13 @@ class Lease:
                 return
             self.backend.delete(_key(previous))
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.expiry / 6):
-            try:
-                self._renew()
-            except Exception:  # noqa: BLE001 - storage trouble: retried next beat; check() decides
-                continue
-            if self.lost is not None:
-                return
+    def _beat(self) -> bool:
+        """One heartbeat: renew; whether to go on beating (not once the lease is lost)."""
+        try:
+            self._renew()
+        except Exception:  # noqa: BLE001 - storage trouble: retried next beat; check() decides
+            return True
+        return self.lost is None
 
 
 def _key(epoch: int) -> str:
