@@ -48,7 +48,8 @@ typecheck: $(VENV)/.installed-test
 # in-process executor. Leaves out every test that starts or joins Ray, talks to the S3 server or
 # runs a process (markers in pyproject.toml; tests/conftest.py marks Ray and S3 by fixture).
 QUICK_TESTS := $(addprefix tests/test_,$(addsuffix .py,tiling fusion placement lowering programs rowloop \
-	cost_model residency estimate spec spec_paths spec_properties stages catalog logreg plan_cli kept_spill resume))
+	cost_model residency estimate spec spec_paths spec_properties stages catalog logreg plan_cli kept_spill resume \
+	memory_decisions executor_conformance docs))
 test-quick: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m "not (ray or s3 or cli or multinode or jobs)" $(QUICK_TESTS)
 

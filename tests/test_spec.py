@@ -177,7 +177,7 @@ def test_directory_as_spec_is_one_line_exit_2(data, capsys, command):
 
 
 @pytest.mark.parametrize("init", ["k-means++", "random"])
-def test_kmeans_k_over_distinct_rows_is_one_line_exit_2(workdir, capsys, init):
+def test_kmeans_k_over_distinct_rows_is_one_line_exit_2(ray_session, workdir, capsys, init):  # a run: joins the session's Ray
     from tests.helpers import write_spec
 
     # no all-zero chunk: zarr would not store it, and a missing chunk is an error of its own
