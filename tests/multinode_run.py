@@ -43,3 +43,18 @@ def run_and_kill(harness: Any, args: list[str], timeout: float = 300) -> dict[st
                 job.kill()
                 job.communicate()
     return {"returncode": job.returncode, "stdout": out, "stderr": err, "node_removed": removed}
+
+
+def measure_placements(harness: Any, configs: list[str], rows: int, cols: int, chunk_rows: int,
+                       iterations: int) -> list[dict[str, Any]]:
+    """``benchmarks/multinode.py``'s logistic-regression iteration on three worker nodes (one
+    CPU each), once per ``PLACEMENT:FUSION`` of ``configs``: what the runtime measured."""
+    from benchmarks.multinode import run_config, write_data
+
+    for _ in range(3):
+        harness.add_node(num_cpus=1, object_store_memory=80 * 2**20)
+    node_ids = harness.cpu_node_ids()
+    with tempfile.TemporaryDirectory() as tmp:
+        X, y = write_data(Path(tmp), rows, cols, chunk_rows)
+        return [run_config(*config.split(":"), "naive", node_ids, Path(tmp), X, y, iterations, 2)
+                for config in configs]

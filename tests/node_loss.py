@@ -14,8 +14,8 @@ the GCS has marked the node dead:
 - ``write``: the outputs are being written;
 - ``comeback``: as ``compute``, and a new node is started at once.
 
-After each case a replacement worker (started as soon as the victim is dead, while the run
-goes on) brings the cluster back to three workers. ``run_matrix`` returns, per case, whether
+A replacement worker, started as soon as the victim is dead while the run goes on, brings
+the cluster back to three workers for the next case. ``run_matrix`` returns, per case, whether
 the run succeeded, the largest difference of its published arrays (opened with plain zarr)
 from the undisturbed run's, and its report's ``faults``, ``tasks`` and traffic.
 """
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import sys
 import threading
 import time
 import traceback
@@ -53,9 +55,15 @@ JOBS: dict[str, tuple[str, dict[str, Any], list[str], str]] = {
                ["params.rank=3", "params.max_iter=10"], "fit:1"),
 }
 STAGES = ("load", "compute", "write", "comeback")
-# every algorithm at every stage; a node that comes back under a driver-side and a
-# worker-written result
-DEFAULT_CASES = [f"{j}:{s}" for j in JOBS for s in ("load", "compute", "write")] + ["logreg:comeback", "kmeans:comeback"]
+# Every algorithm's compute, and its load where its reads differ: logreg's stands for Newton's
+# and linreg's (the same X and y, read by the same load). The write stage is the driver's
+# for every algorithm: under a result the driver writes and one whose big array the workers
+# wrote (TSQR's Q). A node that comes back under a driver-side and a worker-written result.
+SAME_LOAD_AS_LOGREG = ("logreg-newton", "linreg")
+WRITES = ("logreg", "tsqr")
+DEFAULT_CASES = [c for j in JOBS for c in (
+    *([f"{j}:load"] if j not in SAME_LOAD_AS_LOGREG else []), f"{j}:compute",
+    *([f"{j}:write"] if j in WRITES else []), *([f"{j}:comeback"] if j in ("logreg", "kmeans") else []))]
 IDLE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 
@@ -117,7 +125,11 @@ def running_task(raylet_pid: int) -> bool:
 
 
 class NodeKiller:
-    """Kills a worker node at the case's point of a run (``runtime.pause.hold``)."""
+    """Kills a worker node at the case's point of a run (``runtime.pause.hold``).
+
+    The run goes on in a thread of its own: Ray starts a node only from the main thread, so
+    the kill and the replacement node are done there (``serve``), the run held until the
+    victim is dead and let go while the replacement starts."""
 
     def __init__(self, harness: Any, name: str, stage: str) -> None:
         self.harness, self.stage = harness, stage
@@ -125,42 +137,54 @@ class NodeKiller:
         self.victim = harness.workers[0]
         self.killed_in: str | None = None
         self.mid_task = False  # a task of the run was running on the victim when it died
-        self.replacement: threading.Thread | None = None
+        self._requests: queue.Queue[tuple[str, bool]] = queue.Queue()
         self._lock = threading.Lock()
-        self._watching = threading.Event()
+        self._requested = False
+        self._killed = threading.Event()
 
     def hold(self, metrics: Any) -> None:
         from arrayjob.runtime.pause import hold
 
         points = [self.point, "load"] if self.stage == "load" else [self.point]
-        hold(metrics, points, lambda point: self.watch() if point == "load" else self.kill(metrics.current_stage))
+        hold(metrics, points, lambda point: self.watch() if point == "load" else self.request(metrics.current_stage))
+
+    def request(self, stage: str | None, mid_task: bool = False, wait: bool = True) -> None:
+        """Ask for the kill (once); with ``wait``, return when the victim is dead."""
+        with self._lock:
+            if not self._requested:
+                self._requested = True
+                self._requests.put((stage or "", mid_task))
+        if wait:
+            self._killed.wait()
 
     def watch(self) -> None:
-        """Kill the victim from another thread as soon as one of its workers runs a task."""
+        """Ask for the kill as soon as one of the victim's workers runs a task."""
         raylet = self.victim.all_processes["raylet"][0].process.pid
-        self._watching.set()
 
         def watch() -> None:
-            while self._watching.is_set() and self.killed_in is None:
+            while not self._requested:
                 if running_task(raylet):
-                    self.kill("load", mid_task=True)
+                    self.request("load", mid_task=True, wait=False)
                     return
                 time.sleep(0.005)
 
         threading.Thread(target=watch, daemon=True).start()
 
-    def kill(self, stage: str | None, mid_task: bool = False) -> None:
-        with self._lock:
-            self._watching.clear()
-            if self.killed_in is not None:
-                return
+    def serve(self, run: threading.Thread) -> None:
+        """In the main thread while ``run`` goes on: the kill, then the replacement node."""
+        while run.is_alive():
+            try:
+                stage, mid_task = self._requests.get(timeout=0.05)
+            except queue.Empty:
+                continue
             self.harness.kill(self.victim)
             self.killed_in, self.mid_task = stage, mid_task
             if self.stage == "comeback":
                 self.harness.add_node(**NODE)
-            else:  # the replacement starts while the run goes on; the run does not place work on it
-                self.replacement = threading.Thread(target=self.harness.add_node, kwargs=NODE, daemon=True)
-                self.replacement.start()
+            self._killed.set()
+            if self.stage != "comeback":  # the run places no work on it (its nodes were fixed at connect)
+                self.harness.add_node(**NODE)
+        self._requested = True  # a watcher still waiting stops
 
 
 def run_case(harness: Any, workdir: Path, name: str, stage: str | None, reference: dict[str, np.ndarray] | None,
@@ -172,22 +196,34 @@ def run_case(harness: Any, workdir: Path, name: str, stage: str | None, referenc
     spec = spec_for(workdir, name, label.replace(":", "-"), harness.address)
     metrics = RunMetrics()
     killer = NodeKiller(harness, name, stage) if stage else None
-    if killer is not None:
-        killer.hold(metrics)
     started = time.perf_counter()
     case: dict[str, Any] = {"case": label}
-    try:
-        outcome = runner.run(spec, metrics=metrics)
-    except BaseException as exc:  # noqa: BLE001 - reported, the matrix goes on
-        case.update(ok=False, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-2000:])
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["outcome"] = runner.run(spec, metrics=metrics)
+        except BaseException as exc:  # noqa: BLE001 - reported, the matrix goes on
+            done["error"] = f"{type(exc).__name__}: {exc}"
+            done["traceback"] = traceback.format_exc()[-2000:]
+
+    if killer is None:
+        run()
+    else:
+        killer.hold(metrics)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        killer.serve(thread)
+        thread.join()
+        case.update(killed_in=killer.killed_in, mid_task=killer.mid_task)
+    case["seconds"] = round(time.perf_counter() - started, 2)
+    restore(harness)
+    print(f"node loss: {label} {case['seconds']} s (with the restore {time.perf_counter() - started:.2f} s)",
+          file=sys.stderr, flush=True)
+    if "outcome" not in done:
+        case.update(ok=False, error=done.get("error"), traceback=done.get("traceback"))
         return case
-    finally:
-        case["seconds"] = round(time.perf_counter() - started, 2)
-        if killer is not None:
-            case.update(killed_in=killer.killed_in, mid_task=killer.mid_task)
-            if killer.replacement is not None:
-                killer.replacement.join()
-        restore(harness)
+    outcome = done["outcome"]
     arrays = published_arrays(spec)
     report = outcome.report
     case.update(ok=True, faults=report.get("faults"), nodes=report.get("nodes"), tasks=report.get("tasks"),
@@ -244,3 +280,27 @@ def run_matrix(harness: Any, workdir: str, cases: list[str] | None = None) -> li
         case.pop("_arrays", None)
         results.append(case)
     return results
+
+
+def main() -> None:
+    """``python tests/node_loss.py --workdir DIR --out FILE [--cases logreg:load,...]``: the
+    matrix on a cluster harness of its own, its cases as one JSON document in FILE."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="where the JSON document goes")
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES))
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from tests.cluster_harness import started
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    with started(args.workdir) as cluster:
+        cases = cluster.call("tests.node_loss:run_matrix", timeout=3600, workdir=str(args.workdir),
+                             cases=args.cases.split(","))
+    args.out.write_text(json.dumps({"cases": cases}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,7 @@
-"""Node loss, everywhere: every algorithm, a worker node killed during load, during the
-fit and during the write, and a node that comes back; each run succeeds with the
-undisturbed run's result and counts the lost node.
+"""Node loss, everywhere: every algorithm, a worker node killed during its compute and
+during its load (where the reads differ), during the write, and a node that comes back;
+each run succeeds with the undisturbed run's result and counts the lost node
+(``tests.node_loss.DEFAULT_CASES`` says which case stands for which).
 
 The matrix runs in the session's multi-node cluster harness (``tests/node_loss.py``,
 ``tests/cluster_harness.py``): a process talks to one Ray at a time.
