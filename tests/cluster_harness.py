@@ -10,9 +10,10 @@ data). The function runs jobs in the harness (connected to the cluster) or as
 
 As in Ray's own fault tests (``ray_start_cluster`` with a head of ``num_cpus=0``), the head
 has no CPUs: it holds the GCS and the drivers, and every node a case computes on is a worker
-the case adds (``add_node``) and kills (``kill``: ``remove_node(allow_graceful=False)``, its
-raylet, object store and workers die at once). After each call the harness removes the
-workers left, so each case finds the head alone. Node death is noticed within about 1 s
+the case asks for (``use_workers``, ``add_node``) and kills (``kill``:
+``remove_node(allow_graceful=False)``, its raylet, object store and workers die at once).
+Workers a call leaves alive and idle stay for the next call that asks for the same kind
+(starting a node takes seconds); any other state, and the head, is left as it was found. Node death is noticed within about 1 s
 (health checks every 200 ms, 5 misses), as Ray's reconstruction tests configure it.
 """
 
@@ -45,12 +46,17 @@ SYSTEM_CONFIG = {
 }
 
 
+# the worker node most cases ask for: one CPU, a store big enough for their small data
+WORKER = {"num_cpus": 1, "object_store_memory": 150 * 2**20}
+
+
 class Harness:
     """The cluster a case changes: add worker nodes, kill them, wait for Ray to notice."""
 
     def __init__(self, cluster: Any) -> None:
         self.cluster = cluster
         self.address: str = cluster.address
+        self._args: dict[str, dict[str, Any]] = {}  # node id -> the arguments it was started with
 
     @property
     def env(self) -> dict[str, str]:
@@ -65,7 +71,19 @@ class Harness:
         """A new worker node, registered with the GCS when this returns."""
         node = self.cluster.add_node(**node_args)
         self.cluster.wait_for_nodes()
+        self._args[node.node_id] = dict(node_args)
         return node
+
+    def use_workers(self, count: int, **node_args: Any) -> list[Any]:
+        """Exactly ``count`` workers started with ``node_args``: those a previous call left
+        (starting a node takes seconds), others removed, the missing ones added."""
+        for node in self.workers:
+            if self._args.get(node.node_id) != node_args or len(self.workers) > count:
+                self.kill(node)
+        while len(self.workers) < count:
+            self.add_node(**node_args)
+        self.wait_idle()
+        return self.workers
 
     def kill(self, node: Any, timeout: float = 30) -> None:
         """Kill ``node`` without grace; return once the GCS has marked it dead."""
@@ -109,6 +127,19 @@ class Harness:
         for node_id in self.alive_ids() - {self.cluster.head_node.node_id}:
             self.wait_dead(node_id)
 
+    def tidy(self) -> None:
+        """After a call: the head and the workers the call left, if all of them are alive and
+        idle (the next call may use them); else the head alone."""
+        try:
+            alive = self.alive_ids()
+            healthy = all(n.node_id in alive for n in self.workers) and len(alive) == len(self.workers) + 1
+            if healthy:
+                self.wait_idle(timeout=30)
+                return
+        except Exception:  # noqa: BLE001 - the head alone, then
+            pass
+        self.reset()
+
 
 def serve(fd: int) -> None:
     """The harness process: start the cluster, then answer calls on the connection ``fd``."""
@@ -141,7 +172,7 @@ def serve(fd: int) -> None:
                 reply = ("error", traceback.format_exc()[-6000:])
             finally:
                 with contextlib.suppress(Exception):
-                    harness.reset()
+                    harness.tidy()
             conn.send(reply)
     finally:
         ray.shutdown()

@@ -22,8 +22,9 @@ HOLD_AT = "fit:2"
 
 def run_and_kill(harness: Any, args: list[str], timeout: float = 300) -> dict[str, Any]:
     from arrayjob.runtime.pause import DIR_ENV, POINTS_ENV
+    from tests.cluster_harness import WORKER
 
-    workers = [harness.add_node(num_cpus=1) for _ in range(2)]
+    workers = harness.use_workers(3, **WORKER)
     with tempfile.TemporaryDirectory() as pauses:
         env = {**harness.env, POINTS_ENV: HOLD_AT, DIR_ENV: pauses}
         job = subprocess.Popen([ARRAYJOB, "run", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -48,11 +49,11 @@ def run_and_kill(harness: Any, args: list[str], timeout: float = 300) -> dict[st
 def measure_placements(harness: Any, configs: list[str], rows: int, cols: int, chunk_rows: int,
                        iterations: int) -> list[dict[str, Any]]:
     """``benchmarks/multinode.py``'s logistic-regression iteration on three worker nodes (one
-    CPU each), once per ``PLACEMENT:FUSION`` of ``configs``: what the runtime measured."""
+    CPU each, ``WORKER``), once per ``PLACEMENT:FUSION`` of ``configs``: what the runtime measured."""
     from benchmarks.multinode import run_config, write_data
+    from tests.cluster_harness import WORKER
 
-    for _ in range(3):
-        harness.add_node(num_cpus=1, object_store_memory=80 * 2**20)
+    harness.use_workers(3, **WORKER)
     node_ids = harness.cpu_node_ids()
     with tempfile.TemporaryDirectory() as tmp:
         X, y = write_data(Path(tmp), rows, cols, chunk_rows)

@@ -34,8 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from tests.cluster_harness import WORKER
+
 REPO = Path(__file__).resolve().parents[1]
-NODE = {"num_cpus": 1, "object_store_memory": 150 * 2**20}
+NODE = WORKER
 WORKERS = 3
 
 # algorithm -> (config, datagen arguments, spec overrides, the compute point); small data, a
@@ -257,11 +259,7 @@ def max_rel_diff(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]
 
 def restore(harness: Any) -> None:
     """Back to three workers, none of them busy."""
-    while len(harness.workers) < WORKERS:
-        harness.add_node(**NODE)
-    while len(harness.workers) > WORKERS:  # a comeback's extra node
-        harness.kill(harness.workers[-1])
-    harness.wait_idle()
+    harness.use_workers(WORKERS, **NODE)
 
 
 def run_matrix(harness: Any, workdir: str, cases: list[str] | None = None) -> list[dict[str, Any]]:
@@ -283,7 +281,7 @@ def run_matrix(harness: Any, workdir: str, cases: list[str] | None = None) -> li
 
 
 def main() -> None:
-    """``python tests/node_loss.py --workdir DIR --out FILE [--cases logreg:load,...]``: the
+    """``python -m tests.node_loss --workdir DIR --out FILE [--cases logreg:load,...]``: the
     matrix on a cluster harness of its own, its cases as one JSON document in FILE."""
     import argparse
 
@@ -292,7 +290,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="where the JSON document goes")
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES))
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     from tests.cluster_harness import started
 
     args.workdir.mkdir(parents=True, exist_ok=True)

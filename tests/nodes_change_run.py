@@ -12,6 +12,8 @@ marked it dead. Returns per case the report (or the error) and the node id chang
 from __future__ import annotations
 
 import json
+import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ scale_timeout = "30s"
 NODE = {"num_cpus": 2, "object_store_memory": 80 * 2**20}
 HOLD_AT = "fit:2"  # the change lands with iterations still to run
 ROWS, COLS, CHUNK_ROWS = 40_000, 16, 5_000
-GRAPH_NODES, EDGES, GRAPH_CHUNK = 20_000, 400_000, 50_000
+GRAPH_NODES, EDGES, GRAPH_CHUNK = 10_000, 200_000, 25_000
 PAGERANK_ITERATIONS = 40
 
 
@@ -66,8 +68,7 @@ def run_cases(harness: Any, workdir: str) -> dict[str, dict[str, Any]]:
         "pagerank": (f'edges = "{root}/graph/edges.zarr"',
                      f"damping = 0.99\ntol = 1e-300\nmax_iter = {PAGERANK_ITERATIONS}"),
     }
-    for _ in range(2):
-        harness.add_node(**NODE)
+    harness.use_workers(2, **NODE)
     outcome: dict[str, dict[str, Any]] = {}
     for case, algorithm in (("added", "logreg"), ("removed", "logreg"), ("kept", "pagerank")):
         harness.wait_idle()  # the last run's workers are gone
@@ -87,6 +88,7 @@ def run_cases(harness: Any, workdir: str) -> dict[str, dict[str, Any]]:
 
         metrics = RunMetrics()
         hold(metrics, [HOLD_AT], change)
+        started = time.perf_counter()
         try:
             done = runner.run(load_spec(str(path)), nodes=len(harness.cpu_node_ids()), metrics=metrics)
             # as ``arrayjob run --json`` prints it
@@ -94,4 +96,5 @@ def run_cases(harness: Any, workdir: str) -> dict[str, dict[str, Any]]:
         except BaseException:  # noqa: BLE001 - the test shows it
             outcome[case] = {"ok": False, "error": traceback.format_exc()[-3000:]}
         outcome[case]["changed"] = changed[0] if changed else None
+        print(f"nodes change: {case} {time.perf_counter() - started:.2f} s", file=sys.stderr, flush=True)
     return outcome
