@@ -46,6 +46,8 @@ SYSTEM_CONFIG = {
 }
 
 
+IDLE_SECONDS = 60  # workers left idle this long are removed
+
 # the worker node most cases ask for: one CPU, a store big enough for their small data
 WORKER = {"num_cpus": 1, "object_store_memory": 150 * 2**20}
 
@@ -158,6 +160,9 @@ def serve(fd: int) -> None:
         harness = Harness(cluster)
         conn.send(("ready", cluster.address))
         while True:
+            if not conn.poll(IDLE_SECONDS):  # no case is coming soon: the rest of the suite gets the CPUs
+                harness.reset()
+                continue
             try:
                 request = conn.recv()
             except EOFError:
