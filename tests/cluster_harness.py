@@ -46,7 +46,7 @@ SYSTEM_CONFIG = {
 }
 
 
-IDLE_SECONDS = 60  # workers left idle this long are removed
+IDLE_SECONDS = 20  # workers left idle this long are removed (the next case comes sooner, or much later)
 
 # the worker node most cases ask for: one CPU, a store big enough for their small data
 WORKER = {"num_cpus": 1, "object_store_memory": 150 * 2**20}
