@@ -220,8 +220,8 @@ def run_case(harness: Any, workdir: Path, name: str, stage: str | None, referenc
         case.update(killed_in=killer.killed_in, mid_task=killer.mid_task)
     case["seconds"] = round(time.perf_counter() - started, 2)
     restore(harness)
-    print(f"node loss: {label} {case['seconds']} s (with the restore {time.perf_counter() - started:.2f} s)",
-          file=sys.stderr, flush=True)
+    print(f"node loss: {label} {case['seconds']} s (with the restore {time.perf_counter() - started:.2f} s)"
+          f"{'; killed mid-task' if case.get('mid_task') else ''}", file=sys.stderr, flush=True)
     if "outcome" not in done:
         case.update(ok=False, error=done.get("error"), traceback=done.get("traceback"))
         return case
