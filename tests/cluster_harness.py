@@ -69,12 +69,25 @@ class Harness:
     def workers(self) -> list[Any]:
         return list(self.cluster.worker_nodes)
 
-    def add_node(self, **node_args: Any) -> Any:
-        """A new worker node, registered with the GCS when this returns."""
-        node = self.cluster.add_node(**node_args)
-        self.cluster.wait_for_nodes()
-        self._args[node.node_id] = dict(node_args)
-        return node
+    def add_node(self, attempts: int = 3, **node_args: Any) -> Any:
+        """A new worker node, registered with the GCS when this returns. Ray gives a raylet
+        30 s to register; on a machine this loaded that can fail: the stray raylet is killed
+        (it must not join later as a node nobody asked for) and the start tried again."""
+        for attempt in range(attempts):
+            known = {n.node_id for n in [self.cluster.head_node, *self.workers]}
+            try:
+                node = self.cluster.add_node(**node_args)
+            except Exception as exc:  # noqa: BLE001 - Ray raises a plain Exception
+                killed = kill_stray_raylets(known)
+                print(f"cluster harness: starting a node failed ({exc}); killed stray raylets {killed}",
+                      file=sys.stderr, flush=True)
+                if attempt + 1 == attempts:
+                    raise
+                continue
+            self.cluster.wait_for_nodes()
+            self._args[node.node_id] = dict(node_args)
+            return node
+        raise AssertionError("unreachable")
 
     def use_workers(self, count: int, **node_args: Any) -> list[Any]:
         """Exactly ``count`` workers started with ``node_args``: those a previous call left
@@ -141,6 +154,30 @@ class Harness:
         except Exception:  # noqa: BLE001 - the head alone, then
             pass
         self.reset()
+
+
+def kill_stray_raylets(known: set[str]) -> list[int]:
+    """SIGKILL the raylets this process started whose node is none of ``known`` (its agents
+    and workers die with it); their pids."""
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != os.getpid():
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        node = next((a.removeprefix("--node_id=") for a in args if a.startswith("--node_id=")), None)
+        if args and args[0].endswith("raylet") and node is not None and node not in known:
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+    return killed
 
 
 def serve(fd: int) -> None:
