@@ -31,6 +31,7 @@ from arrayjob.report import html as report_html
 from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import ClusterInfo, cluster_shape, ray_cluster
 from arrayjob.runtime.metrics import NodeLog, RunMetrics
+from arrayjob.runtime.pause import hold_from_environment
 from arrayjob.runtime.scaling import NodeRequest, requested_nodes
 from arrayjob.runtime.session import MemoryBudget, Session
 from arrayjob.spec import JobSpec
@@ -154,6 +155,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
     at that count first (``--max-cost``)."""
     started = time.perf_counter()
     metrics = metrics or RunMetrics()
+    hold_from_environment(metrics)  # tests only: a run held at a named point (``runtime.pause``)
     retries = storage_retries()  # this (driver) process's; the workers' come with their reads
     with metrics.stage("validate"):
         job = prepare(spec)

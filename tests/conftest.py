@@ -1,4 +1,5 @@
-"""Shared fixtures: one real S3 server on loopback, one Ray instance, both per session."""
+"""Shared fixtures: one real S3 server on loopback, one Ray instance and one multi-node Ray
+cluster (in a harness process), each per session."""
 
 from __future__ import annotations
 
@@ -70,6 +71,17 @@ def ray_session() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def multinode_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One local multi-node Ray cluster for the session, in a harness process of its own
+    (``tests/cluster_harness.py``): the node-loss, node-change, signal and multi-node cases
+    call functions there that add and kill worker nodes."""
+    from tests.cluster_harness import started
+
+    with started(tmp_path_factory.mktemp("multinode-cluster")) as client:
+        yield client
 
 
 @pytest.fixture

@@ -1,81 +1,61 @@
-"""Run ``arrayjob run SPEC ARGS...`` against a local 3-node Ray cluster and remove a worker
-node, without grace, once the job's tasks run on it; print what the command did as JSON
-(``returncode``, ``stdout``, ``stderr``).
+"""``arrayjob run SPEC ARGS...`` as a process of its own on the session's multi-node cluster
+(``tests/cluster_harness.py``), a worker node killed without grace under it.
 
-    python tests/multinode_run.py SPEC [ARGS...]
-
-The cluster (``ray.cluster_utils.Cluster``) is started here without connecting to it: the
-job's own process is its only driver. Everything started is stopped by pid at the end.
+The run is held after iteration ``HOLD_AT`` of its fit (``arrayjob.runtime.pause``, through
+its environment) until the node is dead, so the loss lands mid-fit, on a node holding the
+run's blocks. Returns what the command did (``returncode``, ``stdout``, ``stderr``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.pop("RAY_ADDRESS", None)
+from typing import Any
 
 ARRAYJOB = shutil.which("arrayjob", path=str(Path(sys.executable).parent)) or "arrayjob"
-IDLE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+HOLD_AT = "fit:2"
 
 
-def running_task(raylet_pid: int) -> bool:
-    """Whether a worker of this raylet runs a task (its title is the task's name)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def run_and_kill(harness: Any, args: list[str], timeout: float = 300) -> dict[str, Any]:
+    from arrayjob.runtime.pause import DIR_ENV, POINTS_ENV
+    from tests.cluster_harness import WORKER
+
+    workers = harness.use_workers(3, **WORKER)
+    with tempfile.TemporaryDirectory() as pauses:
+        env = {**harness.env, POINTS_ENV: HOLD_AT, DIR_ENV: pauses}
+        job = subprocess.Popen([ARRAYJOB, "run", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != raylet_pid:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                title = f.read().split(b"\0")[0].decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        if title.startswith("ray::") and not title.startswith(IDLE_TITLES):
-            return True
-    return False
-
-
-def main(argv: list[str]) -> int:
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, connect=False,
-                      head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
-        cluster.wait_for_nodes()
-        env = {**os.environ, "RAY_ADDRESS": cluster.address}
-        job = subprocess.Popen([ARRAYJOB, "run", *argv], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-        try:
-            victim = workers[-1]
-            raylet = victim.all_processes["raylet"][0].process.pid
-            deadline = time.monotonic() + 240
-            while job.poll() is None and not running_task(raylet) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            removed = job.poll() is None
+            reached = Path(pauses) / f"{HOLD_AT}.reached"
+            deadline = time.monotonic() + timeout
+            while job.poll() is None and not reached.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            removed = job.poll() is None and reached.exists()
             if removed:
-                time.sleep(1.0)
-                cluster.remove_node(victim, allow_graceful=False)
-            out, err = job.communicate(timeout=300)
+                harness.kill(workers[-1])
+            (Path(pauses) / f"{HOLD_AT}.go").touch()
+            out, err = job.communicate(timeout=timeout)
         finally:
             if job.poll() is None:
                 job.kill()
                 job.communicate()
-    finally:
-        cluster.shutdown()
-    print(json.dumps({"returncode": job.returncode, "stdout": out, "stderr": err, "node_removed": removed}))
-    return 0
+    return {"returncode": job.returncode, "stdout": out, "stderr": err, "node_removed": removed}
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def measure_placements(harness: Any, configs: list[str], rows: int, cols: int, chunk_rows: int,
+                       iterations: int) -> list[dict[str, Any]]:
+    """``benchmarks/multinode.py``'s logistic-regression iteration on three worker nodes (one
+    CPU each, ``WORKER``), once per ``PLACEMENT:FUSION`` of ``configs``: what the runtime measured."""
+    from benchmarks.multinode import run_config, write_data
+    from tests.cluster_harness import WORKER
+
+    harness.use_workers(3, **WORKER)
+    node_ids = harness.cpu_node_ids()
+    with tempfile.TemporaryDirectory() as tmp:
+        X, y = write_data(Path(tmp), rows, cols, chunk_rows)
+        return [run_config(*config.split(":"), "naive", node_ids, Path(tmp), X, y, iterations, 2)
+                for config in configs]

@@ -1,76 +1,72 @@
 """Kill a Ray node under every algorithm, at every stage, and compare with an undisturbed run.
 
-    python tests/node_loss.py --workdir DIR --out FILE [--cases logreg:load,logreg:compute,...]
+Runs in the session's multi-node cluster harness (``tests/cluster_harness.py``), which
+calls ``run_matrix``: three worker nodes (one CPU each) are added, and for each algorithm
+the job first runs undisturbed, then once per case with a worker node killed
+(``remove_node(node, allow_graceful=False)``: its raylet, object store and workers die at
+once) at a named point of the run (``arrayjob.runtime.pause``), the run held there until
+the GCS has marked the node dead:
 
-Starts a local 3-node ``ray.cluster_utils.Cluster`` (a head and two workers, one CPU each,
-real raylets on this host) and connects to it. For each algorithm it first runs the job
-undisturbed, then once per case with a worker node killed (``remove_node(node,
-allow_graceful=False)``: its raylet, object store and workers die at once) while the named
-stage runs: ``load`` (blocks being read), ``compute`` (the job's fit/factor/compute
-stage, tasks in flight) or ``write`` (outputs written). ``comeback`` kills a node mid-fit
-and starts a new one at once. After each case a fresh worker is added, so every case
-starts on three nodes.
+- ``load``: the load stage starts; once a task runs on the victim (its raylet's workers, read
+  from ``/proc``) it is killed, blocks being read; at the latest when the load's work is done;
+- ``compute``: the compute stage (``fit``, ``factor``, ``compute``) holds loaded blocks on
+  the victim: after its first iteration, or as it starts for a one-pass job;
+- ``write``: the outputs are being written;
+- ``comeback``: as ``compute``, and a new node is started at once.
 
-Writes one JSON document to FILE: per case, whether the run succeeded, the largest difference of
-its published arrays (opened with plain zarr) from the undisturbed run's, and its report's
-``faults``. ``tests/test_node_loss.py`` runs this in its own process: a process talks to
-one Ray at a time, and the test session's Ray is another.
+A replacement worker, started as soon as the victim is dead while the run goes on, brings
+the cluster back to three workers for the next case. ``run_matrix`` returns, per case, whether
+the run succeeded, the largest difference of its published arrays (opened with plain zarr)
+from the undisturbed run's, and its report's ``faults``, ``tasks`` and traffic.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import queue
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.pop("RAY_ADDRESS", None)
+import numpy as np
+
+from tests.cluster_harness import WORKER
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+NODE = WORKER
+WORKERS = 3
 
-import numpy as np  # noqa: E402
-
-# Faster failure detection than Ray's defaults (seconds to notice a dead node), as Ray's own
-# reconstruction tests configure it; task retries after a short delay.
-SYSTEM_CONFIG = {
-    "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 200,
-    "health_check_timeout_ms": 200,
-    "health_check_failure_threshold": 5,
-    "task_retry_delay_ms": 100,
-    "object_timeout_milliseconds": 200,
-}
-NODE = {"num_cpus": 1, "object_store_memory": 150 * 2**20}
-
-# algorithm -> (config, datagen arguments, spec overrides); small data, a few dozen blocks
-JOBS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
-    "logreg": ("logreg", {"rows": 24000, "cols": 8, "chunk_rows": 1000}, ["params.max_iter=15"]),
+# algorithm -> (config, datagen arguments, spec overrides, the compute point); small data, a
+# few dozen blocks
+JOBS: dict[str, tuple[str, dict[str, Any], list[str], str]] = {
+    "logreg": ("logreg", {"rows": 24000, "cols": 8, "chunk_rows": 1000}, ["params.max_iter=15"], "fit:1"),
     "logreg-newton": ("logreg", {"rows": 24000, "cols": 8, "chunk_rows": 1000},
-                      ["params.solver=\"newton\"", "params.max_iter=6"]),
-    "linreg": ("linreg", {"rows": 24000, "cols": 8, "chunk_rows": 1000}, []),
-    "kmeans": ("kmeans", {"rows": 24000, "cols": 4, "chunk_rows": 1000, "k": 4}, ["params.k=4", "params.max_iter=10"]),
-    "pagerank": ("pagerank", {"rows": 3000, "cols": 2, "chunk_rows": 1000, "edges": 24000}, ["params.max_iter=15"]),
-    "tsqr": ("tsqr", {"rows": 24000, "cols": 8, "chunk_rows": 1000}, []),
-    "mttkrp": ("mttkrp", {"rows": 48, "cols": 16, "chunk_rows": 4, "rank": 4, "shape": "48,16,16"}, []),
+                      ["params.solver=\"newton\"", "params.max_iter=6"], "fit:1"),
+    "linreg": ("linreg", {"rows": 24000, "cols": 8, "chunk_rows": 1000}, [], "fit"),
+    "kmeans": ("kmeans", {"rows": 24000, "cols": 4, "chunk_rows": 1000, "k": 4}, ["params.k=4", "params.max_iter=10"],
+               "fit:1"),
+    "pagerank": ("pagerank", {"rows": 3000, "cols": 2, "chunk_rows": 1000, "edges": 24000}, ["params.max_iter=15"],
+                 "fit:1"),
+    "tsqr": ("tsqr", {"rows": 24000, "cols": 8, "chunk_rows": 1000}, [], "factor"),
+    "mttkrp": ("mttkrp", {"rows": 48, "cols": 16, "chunk_rows": 4, "rank": 4, "shape": "48,16,16"}, [], "compute"),
     "cp_als": ("cp_als", {"rows": 48, "cols": 16, "chunk_rows": 4, "rank": 3, "shape": "48,16,16"},
-               ["params.rank=3", "params.max_iter=10"]),
+               ["params.rank=3", "params.max_iter=10"], "fit:1"),
 }
 STAGES = ("load", "compute", "write", "comeback")
-DELAY = {"load": 0.05, "compute": 0.3, "write": 0.0, "comeback": 0.3}
-SETUP_STAGES = {"validate", "connect", "load", "write"}
-# every algorithm at every stage; a node that comes back under a driver-side and a
-# worker-written result
-DEFAULT_CASES = [f"{j}:{s}" for j in JOBS for s in ("load", "compute", "write")] + ["logreg:comeback", "kmeans:comeback"]
+# Every algorithm's compute, and its load where its reads differ: logreg's stands for Newton's
+# and linreg's (the same X and y, read by the same load). The write stage is the driver's
+# for every algorithm: under a result the driver writes and one whose big array the workers
+# wrote (TSQR's Q). A node that comes back under a driver-side and a worker-written result.
+SAME_LOAD_AS_LOGREG = ("logreg-newton", "linreg")
+WRITES = ("logreg", "tsqr")
+DEFAULT_CASES = [c for j in JOBS for c in (
+    *([f"{j}:load"] if j not in SAME_LOAD_AS_LOGREG else []), f"{j}:compute",
+    *([f"{j}:write"] if j in WRITES else []), *([f"{j}:comeback"] if j in ("logreg", "kmeans") else []))]
+IDLE_TITLES = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 
 def make_data(bucket: Path) -> None:
@@ -78,7 +74,7 @@ def make_data(bucket: Path) -> None:
     from arrayjob.datagen import DatagenRequest, generate
     from arrayjob.io.locations import StorageOptions, parse_uri
 
-    for name, (algorithm, args, _) in JOBS.items():
+    for name, (algorithm, args, _, _) in JOBS.items():
         if name != algorithm:
             continue  # shares its algorithm's data
         args = dict(args)
@@ -91,7 +87,7 @@ def make_data(bucket: Path) -> None:
 def spec_for(workdir: Path, name: str, output: str, address: str) -> Any:
     from arrayjob.spec import load_spec
 
-    algorithm, _, overrides = JOBS[name]
+    algorithm, _, overrides, _ = JOBS[name]
     env = {**os.environ, "ARRAYJOB_BUCKET": str(workdir / "data-root")}
     return load_spec(REPO / "configs" / f"{algorithm}.toml", [
         *overrides, f"output.uri={json.dumps(str(workdir / 'out' / output))}",
@@ -111,71 +107,133 @@ def published_arrays(spec: Any) -> dict[str, np.ndarray]:
     return {name: np.asarray(array[...]) for name, array in group.arrays()}
 
 
+def running_task(raylet_pid: int) -> bool:
+    """Whether a worker of this raylet runs a task (its title is the task's name)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != raylet_pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                title = f.read().split(b"\0")[0].decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if title.startswith("ray::") and not title.startswith(IDLE_TITLES):
+            return True
+    return False
+
+
 class NodeKiller:
-    """Kills a worker node while one stage of a run is in progress (see ``RunMetrics.stage``)."""
+    """Kills a worker node at the case's point of a run (``runtime.pause.hold``).
 
-    def __init__(self, cluster: Any, stage: str) -> None:
-        self.cluster, self.stage = cluster, stage
+    The run goes on in a thread of its own: Ray starts a node only from the main thread, so
+    the kill and the replacement node are done there (``serve``), the run held until the
+    victim is dead and let go while the replacement starts."""
+
+    def __init__(self, harness: Any, name: str, stage: str) -> None:
+        self.harness, self.stage = harness, stage
+        self.point = {"load": "load:end", "write": "write"}.get(stage, JOBS[name][3])
+        self.victim = harness.workers[0]
         self.killed_in: str | None = None
+        self.mid_task = False  # a task of the run was running on the victim when it died
+        self._requests: queue.Queue[tuple[str, bool]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._requested = False
+        self._killed = threading.Event()
 
-    def metrics(self) -> Any:
-        from arrayjob.runtime.metrics import RunMetrics
+    def hold(self, metrics: Any) -> None:
+        from arrayjob.runtime.pause import hold
 
-        killer = self
+        points = [self.point, "load"] if self.stage == "load" else [self.point]
+        hold(metrics, points, lambda point: self.watch() if point == "load" else self.request(metrics.current_stage))
 
-        class Watched(RunMetrics):
-            @contextmanager
-            def stage(self, name: str) -> Iterator[Any]:
-                target = killer.stage in ("compute", "comeback") and name not in SETUP_STAGES
-                thread = None
-                if killer.killed_in is None and (name == killer.stage or target):
-                    thread = threading.Thread(target=killer.kill, args=(name,), daemon=True)
-                    thread.start()
-                with super().stage(name) as s:
-                    yield s
-                    if thread is not None:
-                        thread.join()  # the node is dead before the stage ends
+    def request(self, stage: str | None, mid_task: bool = False, wait: bool = True) -> None:
+        """Ask for the kill (once); with ``wait``, return when the victim is dead."""
+        with self._lock:
+            if not self._requested:
+                self._requested = True
+                self._requests.put((stage or "", mid_task))
+        if wait:
+            self._killed.wait()
 
-        return Watched()
+    def watch(self) -> None:
+        """Ask for the kill as soon as one of the victim's workers runs a task."""
+        raylet = self.victim.all_processes["raylet"][0].process.pid
 
-    def kill(self, stage: str) -> None:
-        import ray
+        def watch() -> None:
+            while not self._requested:
+                if running_task(raylet):
+                    self.request("load", mid_task=True, wait=False)
+                    return
+                time.sleep(0.005)
 
-        time.sleep(DELAY[self.stage])
-        victim = next(iter(self.cluster.worker_nodes))
-        self.cluster.remove_node(victim, allow_graceful=False)
-        self.killed_in = stage
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # dead as Ray's GCS sees it (its health checks)
-            if not any(n["NodeID"] == victim.node_id and n["Alive"] for n in ray.nodes()):
-                break
-            time.sleep(0.1)
-        if self.stage == "comeback":
-            self.cluster.add_node(**NODE)
+        threading.Thread(target=watch, daemon=True).start()
+
+    def serve(self, run: threading.Thread) -> None:
+        """In the main thread while ``run`` goes on: the kill, then the replacement node."""
+        while run.is_alive():
+            try:
+                stage, mid_task = self._requests.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            self.harness.kill(self.victim)
+            self.killed_in, self.mid_task = stage, mid_task
+            if self.stage == "comeback":
+                self.harness.add_node(**NODE)
+            self._killed.set()
+            if self.stage != "comeback":  # the run places no work on it (its nodes were fixed at connect)
+                self.harness.add_node(**NODE)
+        self._requested = True  # a watcher still waiting stops
 
 
-def run_case(cluster: Any, workdir: Path, name: str, stage: str | None, reference: dict[str, np.ndarray] | None,
+def run_case(harness: Any, workdir: Path, name: str, stage: str | None, reference: dict[str, np.ndarray] | None,
              ) -> dict[str, Any]:
     from arrayjob import runner
+    from arrayjob.runtime.metrics import RunMetrics
 
     label = f"{name}:{stage or 'undisturbed'}"
-    spec = spec_for(workdir, name, label.replace(":", "-"), cluster.address)
-    killer = NodeKiller(cluster, stage) if stage else None
+    spec = spec_for(workdir, name, label.replace(":", "-"), harness.address)
+    metrics = RunMetrics()
+    killer = NodeKiller(harness, name, stage) if stage else None
     started = time.perf_counter()
     case: dict[str, Any] = {"case": label}
-    try:
-        outcome = runner.run(spec, metrics=killer.metrics() if killer else None)
-    except BaseException as exc:  # noqa: BLE001 - reported, the matrix goes on
-        case.update(ok=False, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-2000:])
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["outcome"] = runner.run(spec, metrics=metrics)
+        except BaseException as exc:  # noqa: BLE001 - reported, the matrix goes on
+            done["error"] = f"{type(exc).__name__}: {exc}"
+            done["traceback"] = traceback.format_exc()[-2000:]
+
+    if killer is None:
+        run()
+    else:
+        killer.hold(metrics)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        killer.serve(thread)
+        thread.join()
+        case.update(killed_in=killer.killed_in, mid_task=killer.mid_task)
+    case["seconds"] = round(time.perf_counter() - started, 2)
+    restore(harness)
+    print(f"node loss: {label} {case['seconds']} s (with the restore {time.perf_counter() - started:.2f} s)"
+          f"{'; killed mid-task' if case.get('mid_task') else ''}", file=sys.stderr, flush=True)
+    if "outcome" not in done:
+        case.update(ok=False, error=done.get("error"), traceback=done.get("traceback"))
         return case
-    finally:
-        case["seconds"] = round(time.perf_counter() - started, 2)
-        if killer is not None:
-            case["killed_in"] = killer.killed_in
-            restore(cluster)
+    outcome = done["outcome"]
     arrays = published_arrays(spec)
-    case.update(ok=True, faults=outcome.report.get("faults"), nodes=outcome.report.get("nodes"),
-                tasks=outcome.report.get("tasks"), arrays=sorted(arrays))
+    report = outcome.report
+    case.update(ok=True, faults=report.get("faults"), nodes=report.get("nodes"), tasks=report.get("tasks"),
+                cluster_nodes_lost=report["cluster"].get("nodes_lost"),
+                bytes_between_nodes=report["network"]["bytes_between_nodes"],
+                input_bytes=sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                                for a in runner.open_inputs(spec).values()),
+                arrays=sorted(arrays))
     case["attrs"] = {k: v for k, v in outcome.result.attrs.items() if isinstance(v, int | float | bool | str)}
     if reference is not None:
         case["max_rel_diff"] = max_rel_diff(arrays, reference)
@@ -199,43 +257,46 @@ def max_rel_diff(arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray]
     return worst
 
 
-def restore(cluster: Any) -> None:
-    """Back to a head and two workers."""
-    while len(cluster.worker_nodes) < 2:
-        cluster.add_node(**NODE)
-    cluster.wait_for_nodes()
+def restore(harness: Any) -> None:
+    """Back to three workers, none of them busy."""
+    harness.use_workers(WORKERS, **NODE)
+
+
+def run_matrix(harness: Any, workdir: str, cases: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every case of ``cases`` (``DEFAULT_CASES``), each algorithm's undisturbed run first."""
+    root = Path(workdir)
+    make_data(root / "data-root")
+    restore(harness)
+    references: dict[str, dict[str, np.ndarray]] = {}
+    results: list[dict[str, Any]] = []
+    for name, stage in (c.split(":") for c in cases or DEFAULT_CASES):
+        if name not in references:
+            undisturbed = run_case(harness, root, name, None, None)
+            references[name] = undisturbed.pop("_arrays", {})
+            results.append(undisturbed)
+        case = run_case(harness, root, name, stage, references[name])
+        case.pop("_arrays", None)
+        results.append(case)
+    return results
 
 
 def main() -> None:
+    """``python -m tests.node_loss --workdir DIR --out FILE [--cases logreg:load,...]``: the
+    matrix on a cluster harness of its own, its cases as one JSON document in FILE."""
+    import argparse
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True, help="where the JSON document goes")
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES))
     args = parser.parse_args()
+    from tests.cluster_harness import started
 
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cases = [c.split(":") for c in args.cases.split(",")]
-    make_data(args.workdir / "data-root")
-    cluster = Cluster(initialize_head=True, head_node_args={**NODE, "_system_config": SYSTEM_CONFIG})
-    results: list[dict[str, Any]] = []
-    try:
-        restore(cluster)
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-        references: dict[str, dict[str, np.ndarray]] = {}
-        for name, stage in cases:
-            if name not in references:
-                undisturbed = run_case(cluster, args.workdir, name, None, None)
-                references[name] = undisturbed.pop("_arrays", {})
-                results.append(undisturbed)
-            case = run_case(cluster, args.workdir, name, stage, references[name])
-            case.pop("_arrays", None)
-            results.append(case)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-    args.out.write_text(json.dumps({"cases": results}, indent=1, default=str))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    with started(args.workdir) as cluster:
+        cases = cluster.call("tests.node_loss:run_matrix", timeout=3600, workdir=str(args.workdir),
+                             cases=args.cases.split(","))
+    args.out.write_text(json.dumps({"cases": cases}, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,14 @@
 """The runtime obeys the placement and measures what really happened.
 
-On the session's one-node Ray the measured figures equal the plan's cost. On a local
-3-node Ray cluster (``benchmarks/multinode.py``, run in a subprocess: this process is
-already connected to the session's Ray, and a process talks to one Ray at a time) LSHS
-moves fewer bytes between nodes than Ray's own scheduler, as measured by the runtime.
+On the session's one-node Ray the measured figures equal the plan's cost. On three worker
+nodes of the session's multi-node cluster (``benchmarks/multinode.py``'s iteration, run in
+the cluster harness: this process is connected to the session's Ray, and a process talks to
+one Ray at a time) LSHS moves fewer bytes between nodes than Ray's own scheduler, as
+measured by the runtime.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,18 +108,16 @@ def test_big_tasks_declare_the_memory_they_hold(tmp_path: Path, monkeypatch: pyt
     assert len(declared) >= 12 and min(declared) > 0  # the 12 blocks of X and y read, and the kernels
 
 @pytest.fixture(scope="module")
-def three_nodes() -> dict[str, Any]:
-    """Run the logistic-regression iteration on a 3-node local Ray cluster; the measured figures."""
+def three_nodes(multinode_cluster: Any) -> dict[str, Any]:
+    """Run the logistic-regression iteration on three worker nodes of the session's multi-node
+    cluster (``tests/multinode_run.py``); the measured figures."""
     configs = ["lshs:none", "ray:none"]
     fused = fused_strategy()
     if fused:
         configs.append(f"lshs:{fused}")
-    cmd = [sys.executable, str(REPO / "benchmarks" / "multinode.py"), "--nodes", "3", "--rows", "45000",
-           "--cols", "16", "--chunk-rows", "2500", "--iterations", str(ITERATIONS), "--configs", ",".join(configs)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
-    return {f"{r['placement']}:{r['fusion']}": r for r in report["runs"]}
+    runs = multinode_cluster.call("tests.multinode_run:measure_placements", timeout=180, configs=configs,
+                                  rows=45000, cols=16, chunk_rows=2500, iterations=ITERATIONS)
+    return {f"{r['placement']}:{r['fusion']}": r for r in runs}
 
 
 @pytest.mark.multinode

@@ -23,6 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from arrayjob import runner
+from arrayjob.datagen import DatagenRequest, generate
+from arrayjob.io.locations import StorageOptions, parse_uri
+from arrayjob.runtime.pause import DIR_ENV, POINTS_ENV
+from arrayjob.spec import load_spec
 from tests.helpers import read_result, without_progress, write_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,9 +108,7 @@ def started() -> Iterator[dict[int, int]]:
 @pytest.fixture(scope="module")
 def edges(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pagerank")
-    done = subprocess.run([ARRAYJOB, "datagen", "pagerank", str(root), "--rows", "20000", "--chunk-rows", "2000"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    generate("pagerank", DatagenRequest(parse_uri(str(root)), 20000, 2, 2000, 0, StorageOptions()))
     return root / "edges.zarr"
 
 
@@ -115,8 +118,8 @@ def endless_spec(tmp_path: Path, edges: Path, max_iter: int = 1_000_000) -> Path
                       output=str(tmp_path / "out"), params=f"tol = 1e-300\nmax_iter = {max_iter}\n")
 
 
-def start(spec: Path, started: dict[int, int], *args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+def start(spec: Path, started: dict[int, int], *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **(env or {})}
     job = subprocess.Popen([ARRAYJOB, "run", str(spec), *args], env=env, cwd=spec.parent, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     started[job.pid] = _stat(job.pid)[1]  # type: ignore[index]
@@ -139,7 +142,7 @@ def assert_gone(recorded: dict[int, int], within: float) -> None:
 
 # -- the tests ---------------------------------------------------------------------------------
 @pytest.mark.timeout(300)
-def test_sigterm_unwinds_exit_143_and_frees_the_output(tmp_path, edges, started):
+def test_sigterm_unwinds_exit_143_and_frees_the_output(tmp_path, edges, started, request):
     spec = endless_spec(tmp_path, edges)
     job = start(spec, started)
     started.update(wait_for_tasks(job))
@@ -151,17 +154,21 @@ def test_sigterm_unwinds_exit_143_and_frees_the_output(tmp_path, edges, started)
     assert not (tmp_path / "out" / "_SUCCESS").exists()
     assert_gone(started, within=10)  # the private Ray stopped with it
     # the lease was released: a rerun takes the output at once instead of waiting for expiry
-    rerun = subprocess.run([ARRAYJOB, "run", str(spec), "--no-wait", "--set", "params.max_iter=2"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    assert rerun.returncode == 0, rerun.stderr
+    # (``--no-wait``; in this process, on the session's Ray: a process of its own adds nothing)
+    request.getfixturevalue("ray_session")
+    runner.run(load_spec(str(spec), ["params.max_iter=2"]), wait=False)
     assert read_result(str(tmp_path / "out"))["rank"].size > 0
 
 
 @pytest.mark.timeout(300)
 def test_sigkill_leaves_no_process_of_the_private_ray(tmp_path, edges, started):
-    job = start(endless_spec(tmp_path, edges), started)
-    started.update(wait_for_tasks(job))
-    time.sleep(1.0)
+    # held after the fit's second iteration: every process of its Ray is up by then
+    job = start(endless_spec(tmp_path, edges), started, env={POINTS_ENV: "fit:2", DIR_ENV: str(tmp_path / "pauses")})
+    reached = tmp_path / "pauses" / "fit:2.reached"
+    deadline = time.monotonic() + 180
+    while not reached.exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-2000:]
+        time.sleep(0.05)
     started.update(descendants(job.pid))  # the agents and workers too
     assert any(_title(p) == "ray::DashboardAgent" for p in started) or len(started) > 5
     job.kill()
@@ -173,9 +180,7 @@ def test_sigkill_leaves_no_process_of_the_private_ray(tmp_path, edges, started):
 def test_sigkill_leaves_no_spill_of_streamed_blocks(tmp_path, started):
     """A run streaming under a memory budget spills blocks to local disk; killed outright, the
     watchdog of its private Ray removes the spill with its processes."""
-    done = subprocess.run([ARRAYJOB, "datagen", "logreg", str(tmp_path / "data"), "--rows", "200000", "--cols", "16",
-                           "--chunk-rows", "20000"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    generate("logreg", DatagenRequest(parse_uri(str(tmp_path / "data")), 200000, 16, 20000, 0, StorageOptions()))
     spec = write_spec(tmp_path / "spec.toml", inputs={"X": str(tmp_path / "data" / "X.zarr"),
                                                       "y": str(tmp_path / "data" / "y.zarr")},
                       output=str(tmp_path / "out"), params="tol = 1e-300\nmax_iter = 1000000\n")
@@ -215,15 +220,13 @@ def test_a_private_ray_dying_under_the_job_is_exit_5(tmp_path, edges, started, p
 
 @pytest.mark.multinode
 @pytest.mark.timeout(600)
-def test_json_stdout_stays_json_when_a_node_dies(tmp_path, edges):
+def test_json_stdout_stays_json_when_a_node_dies(tmp_path, edges, multinode_cluster):
     """Ray's driver prints what a dying raylet reports to stdout; ``--json`` must still parse."""
     spec = endless_spec(tmp_path, edges, max_iter=30)
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "multinode_run.py"), str(spec), "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=560)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    result = multinode_cluster.call("tests.multinode_run:run_and_kill", timeout=560, args=[str(spec), "--json"])
     assert result["node_removed"], result
     assert result["returncode"] == 0, result["stderr"][-3000:]
     report = json.loads(result["stdout"])  # nothing but the report
     assert report["job"] == "test-pagerank"
+    assert report["faults"]["nodes_lost"] == 1
     assert "Raylet is terminated" in result["stderr"]  # Ray's own account of it, on stderr
