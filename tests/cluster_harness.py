@@ -156,27 +156,35 @@ class Harness:
         self.reset()
 
 
-def kill_stray_raylets(known: set[str]) -> list[int]:
-    """SIGKILL the raylets this process started whose node is none of ``known`` (its agents
-    and workers die with it); their pids."""
-    killed = []
+def children(parent: int) -> list[tuple[int, list[str]]]:
+    """The processes whose parent is ``parent``, with their command lines (read from /proc;
+    one that ends while it is read is left out)."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != os.getpid():
+            if ppid != parent:
                 continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().decode(errors="replace").split("\0")
+                found.append((int(entry), f.read().decode(errors="replace").split("\0")))
         except (OSError, ValueError, IndexError):
             continue
+    return found
+
+
+def kill_stray_raylets(known: set[str]) -> list[int]:
+    """SIGKILL the raylets this process started whose node is none of ``known`` (its agents
+    and workers die with it); their pids."""
+    killed = []
+    for pid, args in children(os.getpid()):
         node = next((a.removeprefix("--node_id=") for a in args if a.startswith("--node_id=")), None)
         if args and args[0].endswith("raylet") and node is not None and node not in known:
             with contextlib.suppress(OSError):
-                os.kill(int(entry), signal.SIGKILL)
-                killed.append(int(entry))
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
     return killed
 
 

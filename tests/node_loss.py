@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.cluster_harness import WORKER
+from tests.cluster_harness import WORKER, children
 
 REPO = Path(__file__).resolve().parents[1]
 NODE = WORKER
@@ -109,21 +109,8 @@ def published_arrays(spec: Any) -> dict[str, np.ndarray]:
 
 def running_task(raylet_pid: int) -> bool:
     """Whether a worker of this raylet runs a task (its title is the task's name)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != raylet_pid:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                title = f.read().split(b"\0")[0].decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        if title.startswith("ray::") and not title.startswith(IDLE_TITLES):
-            return True
-    return False
+    return any(args and args[0].startswith("ray::") and not args[0].startswith(IDLE_TITLES)
+               for _, args in children(raylet_pid))
 
 
 class NodeKiller:
