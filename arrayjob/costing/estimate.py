@@ -301,7 +301,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     targets = {name: ArrayInfo(name, spec.output.join("result.zarr").join(name), w.shape, w.dtype, w.chunks, 3)
                for p in declared.passes for name, w in p.writes.items()}
     for p in declared.passes:
-        program = p.writing(targets, spec.storage) if p.writes else p.program
+        program = p.writing(targets, spec.storage)
         plan = make_plan(capture(list(program.values())), options)
         assert plan.physical is not None and plan.cost is not None
         physical = plan.physical

@@ -171,9 +171,8 @@ class MemoryModel:
         (returned, by array); in memory: they take the budget's room by the plan's sizes."""
         if self.budget is None:
             return {}
-        outputs = iter(physical.outputs)
-        planned = {name: [self._made(physical, r) for r in itertools.islice(outputs, count)]
-                   for name, count in arrays}
+        outputs = iter(self._made(physical, physical.outputs))
+        planned = {name: list(itertools.islice(outputs, count)) for name, count in arrays}
         if decided.kept_to_spill:
             for name, blocks in planned.items():
                 sizes = (measured or {}).get(name)
@@ -253,23 +252,15 @@ class MemoryModel:
             self._orders.clear()
         return residency, read_now
 
-    def _made(self, physical: PhysicalPlan, result: TaskResult) -> tuple[int, int]:
-        """(node, planned bytes) of ``result``, on the node of the task that makes it."""
-        i = self._positions(physical)[result.task]
-        sizes = physical.tasks[i].out_bytes
-        return physical.node_of(i, self.nodes), sizes[result.output] if result.output < len(sizes) else 0
-
-    def _positions(self, physical: PhysicalPlan) -> dict[str, int]:
-        return {t.id: i for i, t in enumerate(physical.tasks)}
-
-    def _bytes_by_node(self, physical: PhysicalPlan, results: Iterable[TaskResult]) -> list[int]:
-        held = [0] * self.nodes
-        positions = self._positions(physical)
+    def _made(self, physical: PhysicalPlan, results: Iterable[TaskResult]) -> list[tuple[int, int]]:
+        """(node, planned bytes) of each of ``results``, on the node of the task that makes it."""
+        positions = {t.id: i for i, t in enumerate(physical.tasks)}
+        made = []
         for result in results:
             i = positions[result.task]
             sizes = physical.tasks[i].out_bytes
-            held[physical.node_of(i, self.nodes)] += sizes[result.output] if result.output < len(sizes) else 0
-        return held
+            made.append((physical.node_of(i, self.nodes), sizes[result.output] if result.output < len(sizes) else 0))
+        return made
 
     def _spills_kept(self, physical: PhysicalPlan) -> bool:
         """Whether a persist's results go to the spill first: when the budget already streams
@@ -280,7 +271,9 @@ class MemoryModel:
             return False
         if self.streamed or self.kept_spilled:
             return True
-        need = self._bytes_by_node(physical, physical.outputs)
+        need = [0] * self.nodes
+        for node, nbytes in self._made(physical, physical.outputs):
+            need[node] += nbytes
         return any(held + reserve + n > self.budget.bytes
                    for held, reserve, n in zip(self.resident_bytes, self.reserve, need, strict=True))
 
