@@ -336,10 +336,10 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
             spilled = {b for b in block_homes if residency is not None and residency.source == "spill"
                        and b in residency.streamed}
             first = [b for b in block_homes if key[b] in memory.resident or b in spilled]
-            seconds["load"] += _read_seconds([(block_homes[b], physical.block_bytes(b)) for b in first],
+            seconds["load"] += _read_seconds([(block_homes[b], physical.block_read_bytes(b)) for b in first],
                                              profile, cluster)
             for b in first:
-                load.bytes_read += physical.block_bytes(b)
+                load.bytes_read += physical.block_read_bytes(b)
                 load.get_requests += physical.block_requests(b)
             load.tasks += len(first)
             read_before.update(key[b] for b in spilled)
@@ -358,7 +358,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                 reads = runs * count
                 if key[b] not in read_before:
                     read_before.add(key[b])
-                    stage.bytes_read += nbytes
+                    stage.bytes_read += physical.block_read_bytes(b)
                     stage.get_requests += gets
                     first_node[block_homes[b]] += nbytes
                     reads -= 1

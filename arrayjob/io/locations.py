@@ -9,6 +9,7 @@ working directory).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 
@@ -103,8 +104,47 @@ class StorageCounters:
 
 
 @dataclass(frozen=True)
+class SparseLayout:
+    """A sparse matrix stored as a Zarr group of three 1-D arrays, AnnData's layout: ``data``
+    (the values), ``indices`` (the column of each value, CSR) and ``indptr`` (n + 1 offsets
+    into both, row i holding ``data[indptr[i]:indptr[i + 1]]``).
+
+    The planner sees it through ``offsets``: ``indptr`` at every multiple of the array's row
+    chunk (``ArrayInfo.chunks[0]``) and at n, read once on the driver (``io.sparse``). Every
+    row block the planner cuts is a whole number of row chunks, so its non-zeros, the bytes it
+    holds and the stored chunks of the three arrays its read touches follow from these alone.
+    """
+
+    format: str  # "csr" (row blocks); "csc" is read for jobs that need columns
+    nnz: int
+    index_dtype: str  # of ``indices``
+    indptr_dtype: str
+    data_chunk: int  # elements per stored chunk (or shard) of ``data``
+    indices_chunk: int
+    indptr_chunk: int
+    offsets: tuple[int, ...]  # indptr[0], indptr[c], indptr[2c], ..., indptr[n]
+    # bytes each stored chunk adds beyond its elements (4: a CRC32C codec), per array
+    chunk_overhead: tuple[int, int, int] = (0, 0, 0)
+
+    def nnz_between(self, start: int, stop: int, row_chunk: int, rows: int) -> int:
+        """Non-zeros of rows [start, stop): both ends multiples of ``row_chunk`` or ``rows``."""
+        return self._offset(stop, row_chunk, rows) - self._offset(start, row_chunk, rows)
+
+    def _offset(self, row: int, row_chunk: int, rows: int) -> int:
+        if row == rows:
+            return self.offsets[-1]
+        if row % row_chunk:
+            raise ValueError(f"row {row} is not on a row chunk boundary (chunks of {row_chunk} rows)")
+        return self.offsets[row // row_chunk]
+
+
+@dataclass(frozen=True)
 class ArrayInfo:
-    """What the planner knows of a stored array: its place, shape, dtype and storage chunks."""
+    """What the planner knows of a stored array: its place, shape, dtype and storage chunks.
+
+    A sparse matrix (``sparse`` set) is planned as an (n, d) array of ``dtype`` cut into row
+    blocks of ``chunks[0]`` rows; its bytes are those its non-zeros take, not n × d.
+    """
 
     name: str
     location: Location
@@ -115,6 +155,7 @@ class ArrayInfo:
     # what a missing chunk means: "error" (lost data, refused) or "fill" (a sparse array:
     # read as the fill value); ``[inputs]`` sets it per input
     missing_chunks: str = "error"
+    sparse: SparseLayout | None = None
 
     @property
     def uri(self) -> str:
@@ -122,7 +163,45 @@ class ArrayInfo:
 
     @property
     def nbytes(self) -> int:
+        """The bytes the array takes in memory (a sparse one: its three arrays)."""
+        if self.sparse is not None:
+            return self._sparse_bytes(self.sparse.nnz, self.shape[0])
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def _sparse_bytes(self, nnz: int, rows: int) -> int:
+        layout = self.sparse
+        assert layout is not None
+        return (nnz * (np.dtype(self.dtype).itemsize + np.dtype(layout.index_dtype).itemsize)
+                + (rows + 1) * np.dtype(layout.indptr_dtype).itemsize)
+
+    def block_nbytes(self, selection: tuple[slice, ...]) -> int:
+        """The bytes block ``selection`` takes in memory once read."""
+        if self.sparse is None:
+            return math.prod(s.stop - s.start for s in selection) * np.dtype(self.dtype).itemsize
+        rows = selection[0]
+        return self._sparse_bytes(self.sparse.nnz_between(rows.start, rows.stop, self.chunks[0], self.shape[0]),
+                                  rows.stop - rows.start)
+
+    def block_reads(self, selection: tuple[slice, ...]) -> tuple[int, int]:
+        """(bytes, GET requests) reading block ``selection`` takes: the stored chunks it touches,
+        each read whole (a dense block covers whole chunks; a sparse one also reads the chunks of
+        ``data`` and ``indices`` it shares with its neighbours)."""
+        if self.sparse is None:
+            requests = math.prod(math.ceil(s.stop / c) - s.start // c
+                                 for s, c in zip(selection, self.chunks, strict=True))
+            return self.block_nbytes(selection), requests
+        layout, rows = self.sparse, selection[0]
+        lo = layout.nnz_between(0, rows.start, self.chunks[0], self.shape[0])
+        hi = lo + layout.nnz_between(rows.start, rows.stop, self.chunks[0], self.shape[0])
+        nbytes = requests = 0
+        for (start, stop), chunk, dtype, overhead in (
+                ((rows.start, rows.stop + 1), layout.indptr_chunk, layout.indptr_dtype, layout.chunk_overhead[2]),
+                ((lo, hi), layout.data_chunk, self.dtype, layout.chunk_overhead[0]),
+                ((lo, hi), layout.indices_chunk, layout.index_dtype, layout.chunk_overhead[1])):
+            touched = math.ceil(stop / chunk) - start // chunk if stop > start else 0
+            requests += touched
+            nbytes += touched * (chunk * np.dtype(dtype).itemsize + overhead)
+        return nbytes, requests
 
     @property
     def ndim(self) -> int:

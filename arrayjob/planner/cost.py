@@ -416,9 +416,9 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
             if isinstance(arg, SourceBlock):
                 in_shapes.append(block_shape(sources[arg.array], arg))
                 if arg not in load.home:  # read once, where it is first used
-                    bytes_read += load.block_bytes(arg)
+                    bytes_read += physical.block_read_bytes(arg)
                     requests += physical.block_requests(arg)
-                    reads.append((node, load.block_bytes(arg)))
+                    reads.append((node, physical.block_read_bytes(arg)))
                     if homes is not None:
                         homes[key(arg)] = (node, load.block_bytes(arg))
             elif isinstance(arg, TaskResult):

@@ -195,16 +195,19 @@ class PhysicalPlan:
         return (node if node is not None else position) % max(1, nodes)
 
     def block_bytes(self, block: SourceBlock) -> int:
-        """The bytes of stored block ``block`` as read (its selection at the array's dtype)."""
+        """The bytes stored block ``block`` takes in memory once read (a sparse one: its non-zeros)."""
         source = self.source(block.array)
-        return math.prod(s.stop - s.start for s in source.grid.selection(block.index)) * \
-            np.dtype(source.array.dtype).itemsize
+        return source.array.block_nbytes(source.grid.selection(block.index))
+
+    def block_read_bytes(self, block: SourceBlock) -> int:
+        """The bytes reading ``block`` takes from storage: the stored chunks it touches."""
+        source = self.source(block.array)
+        return source.array.block_reads(source.grid.selection(block.index))[0]
 
     def block_requests(self, block: SourceBlock) -> int:
         """The GET requests reading ``block`` takes: the stored chunks its selection touches."""
         source = self.source(block.array)
-        return math.prod(math.ceil(s.stop / c) - s.start // c
-                         for s, c in zip(source.grid.selection(block.index), source.array.chunks, strict=True))
+        return source.array.block_reads(source.grid.selection(block.index))[1]
 
     def block_homes(self, nodes: int) -> dict[SourceBlock, int]:
         """Each stored block's node: that of the first task that uses it (where it is read)."""
