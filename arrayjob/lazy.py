@@ -25,7 +25,7 @@ import numpy as np
 
 from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.planner import ops
-from arrayjob.planner.ir import Graph, Node, infer_shape
+from arrayjob.planner.ir import Graph, Node, infer_shape, sparsity_of
 from arrayjob.planner.kernel import Kernel, Work
 from arrayjob.planner.ops import ELEMENTWISE, REDUCTIONS, Op, OpAttrs
 
@@ -380,7 +380,9 @@ def capture(outputs: Sequence[BlockArray]) -> Graph:
                 stack.append((item, True))
                 stack.extend((i, False) for i in reversed(item.inputs) if id(i) not in by_id)
                 continue
-            node = Node(item.op, tuple(by_id[id(i)] for i in item.inputs), item.shape, item.dtype, item.attrs)
+            inputs = tuple(by_id[id(i)] for i in item.inputs)
+            sparse = sparsity_of(item.op, item.attrs, item.shape, [nodes[u] for u in inputs])
+            node = Node(item.op, inputs, item.shape, item.dtype, item.attrs, sparse)
             index = by_key.get(node)
             if index is None:
                 index = by_key[node] = len(nodes)

@@ -144,6 +144,7 @@ class Job(ABC):
     inputs: ClassVar[tuple[str, ...]]
     optional_inputs: ClassVar[tuple[str, ...]] = ()
     group_inputs: ClassVar[dict[str, tuple[str, ...]]] = {}  # inputs that may be groups: members
+    sparse_inputs: ClassVar[tuple[str, ...]] = ()  # inputs that may be sparse matrices (CSR groups)
     Params: ClassVar[type]
 
     def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None) -> None:

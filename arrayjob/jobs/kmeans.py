@@ -15,8 +15,12 @@ counts as one loop: one read of X per block (``kernels.rewrites``).
 Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-means++
 (Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.
 
-Cost per iteration: one pass over X (8nd bytes), about 4ndk flops, moves k(d + 1) + 1
-floats per block. Labels (8n bytes) are assembled on the driver at the end. The centroids
+A sparse X (CSR row blocks) is read and used as it is: the products with the centroids
+visit its non-zeros only, the centroids stay dense (k × d on the driver), the seeding uses
+‖x‖² − 2x·c + ‖c‖², and the inertia Σ‖x‖² + min_c(‖c‖² − 2x·c).
+
+Cost per iteration: one pass over X (8nd bytes; sparse: its non-zeros), about 4ndk flops
+(sparse: 4·nnz·k), moves k(d + 1) + 1 floats per block. Labels (8n bytes) are assembled on the driver at the end. The centroids
 are checkpointed after an iteration (``io.checkpoint``): a resumed run skips the
 initialisation and goes on from them.
 """
@@ -25,8 +29,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import scipy.sparse
 
 from arrayjob import lazy as la
 from arrayjob.errors import InputError
@@ -57,17 +63,21 @@ class KMeansParams:
     tol: float = field(default=1e-4, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
 
 
-def kmeans_program(X: la.BlockArray, k: int, final: bool) -> dict[str, la.BlockArray]:
+def kmeans_program(X: la.BlockArray, k: int, final: bool, sparse: bool = False) -> dict[str, la.BlockArray]:
     """One Lloyd step (``sums`` and ``counts`` per cluster), or the ``final`` pass (``labels``
     and ``inertia``). The step leaves the inertia out: the loop never reads it, and its
-    n × d temporaries cost as much as the rest of the step."""
+    n × d temporaries cost as much as the rest of the step.
+
+    On a ``sparse`` X the inertia is Σ ‖x‖² + min_c (‖c‖² − 2 x·c), which visits the non-zeros
+    only; on a dense one Σ ‖x − c‖², which does not lose digits to cancellation."""
     d = X.shape[1]
     C = la.value("centroids", (k, d))
     scores = la.value("centroid_sq", (k,)) - 2.0 * (X @ C.T)  # ‖x − c‖² − ‖x‖²
     labels = scores.argmin(axis=1, keepdims=True)
     onehot = (labels == la.value("cluster_ids", (k,))) * 1.0  # a group sum, not a product
     if final:
-        return {"inertia": la.square(X - onehot @ C).sum(), "labels": labels.sum(axis=1)}  # (n, 1) -> (n,)
+        inertia = ((X * X).sum() + scores.min(axis=1).sum()) if sparse else la.square(X - onehot @ C).sum()
+        return {"inertia": inertia, "labels": labels.sum(axis=1)}  # (n, 1) -> (n,)
     return {"sums": onehot.T @ X, "counts": onehot.sum(axis=0)}
 
 
@@ -75,6 +85,7 @@ class KMeans(Job):
     name = "kmeans"
     title = "k-means"
     inputs = ("X",)
+    sparse_inputs = ("X",)
     Params = KMeansParams
     params: KMeansParams
 
@@ -101,7 +112,7 @@ class KMeans(Job):
         return StagePlan((
             Pass("stats", "load", {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}),
             Pass("step", "fit", kmeans_program(X, self.params.k, final=False), EACH_ITERATION),
-            Pass("final", "fit", kmeans_program(X, self.params.k, final=True),
+            Pass("final", "fit", kmeans_program(X, self.params.k, final=True, sparse=self.arrays["X"].sparse is not None),
                  writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64")}),
         ))
 
@@ -116,7 +127,7 @@ class KMeans(Job):
         starts = rng.permutation(np.arange(0, n, chunk))
         take = starts[: max(1, -(-min(n, SAMPLE_ROWS) // chunk))]
         parts = [read_block(X, (slice(s, min(s + chunk, n)), slice(0, X.shape[1])), storage)[0] for s in sorted(take)]
-        return np.concatenate(parts)
+        return scipy.sparse.vstack(parts, format="csr") if X.sparse is not None else np.concatenate(parts)
 
     def initial(self, ctx: JobContext) -> np.ndarray:
         p = self.params
@@ -125,7 +136,7 @@ class KMeans(Job):
             return read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
         sample = self._sample(ctx.storage, rng)
         if p.init == "random":
-            centroids = sample[rng.choice(len(sample), size=p.k, replace=False)].astype(np.float64)
+            centroids = _dense(sample[rng.choice(sample.shape[0], size=p.k, replace=False)])
         else:
             centroids = kmeans_plus_plus(sample, p.k, rng)
         if len(np.unique(centroids, axis=0)) < p.k:  # k × d: cheap; the sample only when it repeats
@@ -136,12 +147,12 @@ class KMeans(Job):
         """Fewer distinct rows than k would leave duplicate centroids (empty clusters): an
         error when the sample is all of X, else a warning (rows outside the sample may differ)."""
         k, n = self.params.k, self.arrays["X"].shape[0]
-        distinct = len(np.unique(sample, axis=0))
+        distinct = _distinct_rows(sample)
         if distinct >= k:
             return  # random init drew a repeated row: the clusters may still separate
-        if len(sample) == n:
+        if sample.shape[0] == n:
             raise InputError(f"params.k: {k} clusters but inputs.X has only {distinct} distinct rows")
-        print(f"arrayjob: warning: params.k: {k} clusters but the {len(sample):,} rows sampled from inputs.X "
+        print(f"arrayjob: warning: params.k: {k} clusters but the {sample.shape[0]:,} rows sampled from inputs.X "
               f"hold only {distinct} distinct rows; some centroids will be duplicates", file=sys.stderr)
 
     def run(self, ctx: JobContext) -> JobResult:
@@ -188,13 +199,37 @@ class KMeans(Job):
         return JobResult(arrays, attrs, [f"{iterations} iterations: inertia {inertia:.10g}"])
 
 
-def kmeans_plus_plus(sample: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """k-means++ seeding on ``sample``: each next centre drawn with probability ∝ D(x)²."""
-    centres = [sample[rng.integers(len(sample))]]
-    closest = ((sample - centres[0]) ** 2).sum(1)
+def kmeans_plus_plus(sample: Any, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding on ``sample`` (dense, or CSR rows): each next centre drawn with
+    probability ∝ D(x)²."""
+    m = sample.shape[0]
+    if scipy.sparse.issparse(sample):
+        row_sq = np.asarray(sample.multiply(sample).sum(axis=1)).ravel()
+
+        def distances(c: np.ndarray) -> np.ndarray:  # ‖x‖² − 2 x·c + ‖c‖², non-zeros only
+            return np.maximum(row_sq - 2.0 * (sample @ c) + c @ c, 0.0)
+    else:
+        def distances(c: np.ndarray) -> np.ndarray:
+            return ((sample - c) ** 2).sum(1)
+    centres = [_dense(sample[rng.integers(m)]).ravel()]
+    closest = distances(centres[0])
     for _ in range(1, k):
         total = closest.sum()
-        index = rng.choice(len(sample), p=closest / total) if total > 0 else rng.integers(len(sample))
-        centres.append(sample[index])
-        closest = np.minimum(closest, ((sample - sample[index]) ** 2).sum(1))
+        index = rng.choice(m, p=closest / total) if total > 0 else rng.integers(m)
+        centres.append(_dense(sample[index]).ravel())
+        closest = np.minimum(closest, distances(centres[-1]))
     return np.array(centres, dtype=np.float64)
+
+
+def _dense(rows: Any) -> np.ndarray:
+    return (rows.toarray() if scipy.sparse.issparse(rows) else np.asarray(rows)).astype(np.float64)
+
+
+def _distinct_rows(sample: Any) -> int:
+    if not scipy.sparse.issparse(sample):
+        return len(np.unique(sample, axis=0))
+    rows = scipy.sparse.csr_matrix(sample)
+    rows.sum_duplicates()  # canonical: sorted column indices, no repeats
+    rows.eliminate_zeros()
+    return len({(rows.indices[a:b].tobytes(), rows.data[a:b].tobytes())
+                for a, b in zip(rows.indptr[:-1], rows.indptr[1:], strict=True)})

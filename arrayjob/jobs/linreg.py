@@ -14,6 +14,19 @@ row block; the driver centres them and solves the d × d system (Cholesky, or le
 squares when singular). Cost: one pass over X, 2nd² flops, moves d² + 2d + 2 floats per
 block. Faster, but it squares the condition number and centring from sums loses
 accuracy when |mean| ≫ spread.
+
+``method = "cg"``: conjugate gradients on the (centred, ridge) normal equations, for a
+sparse X too wide for a d × d matrix (hashed features: d = 2²⁰). One pass for Xᵀy and the
+sums, then one pass per iteration computing XᵀXv and 1ᵀXv for the search direction v (X's
+non-zeros visited once), and one last pass for the residual. The centring is applied to the
+products (X − 1μᵀ)v, never to X, so X stays sparse. The state (iterate, residual,
+direction) is checkpointed after each iteration. Converges to ‖r‖ ≤ tol·‖Xᵀy‖ in at most d
+iterations in exact arithmetic; in practice in far fewer when X is well conditioned (use
+l2 > 0 otherwise). Cost: 4·nnz flops and a d-vector per block per iteration.
+
+``method = "auto"`` (the default): ``tsqr`` for a dense X; for a sparse one, ``normal``
+while d ≤ 4096 (a 128 MB Gram matrix on the driver) and ``cg`` above. The plan and the
+result say which.
 """
 
 from __future__ import annotations
@@ -28,49 +41,89 @@ import scipy.linalg
 
 from arrayjob import lazy as la
 from arrayjob.jobs.base import (
+    EACH_ITERATION,
     Job,
     JobContext,
     JobResult,
     Pass,
     StagePlan,
+    require,
     require_features_and_targets,
 )
 from arrayjob.jobs.tsqr import QR_OF_STACK, block_rows_for, qr_block_cost, r_of_block
 from arrayjob.planner.kernel import Kernel
 
 
+# A sparse X with at most this many columns is solved by the normal equations (its d × d
+# Gram matrix fits the driver: 128 MB), a wider one by conjugate gradients.
+NORMAL_MAX_FEATURES = 4096
+
+
 @dataclass(frozen=True)
 class LinRegParams:
     l2: float = field(default=0.0, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
     fit_intercept: bool = True
-    method: Literal["tsqr", "normal"] = "tsqr"
+    method: Literal["auto", "tsqr", "normal", "cg"] = "auto"
+    # conjugate gradients only: stop at ‖residual‖ ≤ tol·‖Xᵀy‖ or after max_iter passes
+    tol: float = field(default=1e-10, metadata={"check": lambda v: 0 < v < 1, "expect": "a number between 0 and 1"})
+    max_iter: int = field(default=1000, metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
 
 
 class LinearRegression(Job):
     name = "linreg"
     title = "linear regression"
     inputs = ("X", "y")
+    sparse_inputs = ("X",)
     Params = LinRegParams
     params: LinRegParams
 
     def check_inputs(self) -> None:
         require_features_and_targets(self.arrays)
+        require(self.params.method != "tsqr" or self.arrays["X"].sparse is None,
+                "params.method: tsqr factors dense blocks and inputs.X is sparse (use \"normal\", \"cg\" or \"auto\")")
+
+    @property
+    def method(self) -> str:
+        """The method that runs: ``params.method``, with ``auto`` resolved from X."""
+        if self.params.method != "auto":
+            return self.params.method
+        X = self.arrays["X"]
+        if X.sparse is None:
+            return "tsqr"
+        return "normal" if X.shape[1] <= NORMAL_MAX_FEATURES else "cg"
 
     def describe(self) -> str:
         X = self.arrays["X"]
-        return f"{self.title} ({self.params.method}) on X {X.shape[0]:,} × {X.shape[1]:,}"
+        kind = ", sparse" if X.sparse is not None else ""
+        return f"{self.title} ({self.method}) on X {X.shape[0]:,} × {X.shape[1]:,}{kind}"
+
+    def iterations_assumed(self, iterations: int | None = None) -> tuple[int, str]:
+        if self.method != "cg":
+            return 1, "a single pass"
+        return super().iterations_assumed(iterations)
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         return [((self.arrays["X"].shape[1],), "float64", None), ((1,), "float64", None)]
 
     def stages(self, workers: int) -> StagePlan:
-        """One pass over X: R of [X 1 y] (``tsqr``), or the sums of the normal equations."""
-        return StagePlan((Pass(self.params.method, "fit", self._one_pass(workers)),))
+        """One pass over X: R of [X 1 y] (``tsqr``), or the sums of the normal equations;
+        ``cg``: the sums, a product with XᵀX per iteration, and the residual."""
+        if self.method == "cg":
+            X = la.from_zarr(self.arrays["X"])
+            y = _vector(la.from_zarr(self.arrays["y"]))
+            z = X @ la.value("v", (X.shape[1],))
+            b = la.value("b", ())
+            return StagePlan((
+                Pass("moments", "fit", {"xty": X.T @ y, "sum_x": X.sum(axis=0), "sum_y": y.sum()}),
+                Pass("cg", "fit", {"xtxv": X.T @ z, "sum_xv": z.sum()}, EACH_ITERATION),
+                Pass("residual", "fit", {"rss": la.square(z + b - y).sum()}),
+            ))
+        return StagePlan((Pass(self.method, "fit", self._one_pass(workers)),))
 
     def _one_pass(self, workers: int) -> dict[str, la.BlockArray]:
         X = la.from_zarr(self.arrays["X"])
         y = la.from_zarr(self.arrays["y"])
-        if self.params.method == "tsqr":
+        if self.method == "tsqr":
             rows = block_rows_for(self, "X", workers)
             n, d = X.shape
             cols = d + (2 if self.params.fit_intercept else 1)
@@ -81,8 +134,7 @@ class LinearRegression(Job):
             _, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * cols, cols), "float64", None),
                                                                  ((cols, cols), "float64", None)], cost=qr_block_cost)
             return {"R": r}
-        if y.ndim == 2:
-            y = y.sum(axis=1)
+        y = _vector(y)
         return {
             "xtx": la.einsum("ij,ik->jk", X, X),
             "xty": X.T @ y,
@@ -95,13 +147,15 @@ class LinearRegression(Job):
         p = self.params
         n, d = self.arrays["X"].shape
         plan = self.stages(ctx.session.options.cluster.workers)
-        program, stage = plan[p.method], plan.stage_of(p.method)
+        if self.method == "cg":
+            return self._cg(ctx, plan, n, d)
+        program, stage = plan[self.method], plan.stage_of(self.method)
         with ctx.metrics.stage("load"):
             ctx.session.load(program)
-        if p.method == "tsqr":
+        if self.method == "tsqr":
             with ctx.metrics.stage(stage):
                 coef, intercept, objective = self._from_r(ctx.session.compute(program)["R"], n, d)
-            attrs = {"objective": float(objective), "method": p.method, "n_samples": n, "n_features": d}
+            attrs = {"objective": float(objective), "method": self.method, "n_samples": n, "n_features": d}
             return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs,
                              [f"least squares by TSQR: objective {objective:.10g}"])
         with ctx.metrics.stage(stage):
@@ -120,9 +174,58 @@ class LinearRegression(Job):
             resid = (coef @ s["xtx"] @ coef + 2 * intercept * (sx @ coef) + n * intercept**2
                      - 2 * (coef @ s["xty"] + intercept * sy) + float(s["sum_yy"]))
             objective = max(resid, 0.0) / (2 * n) + 0.5 * p.l2 * float(coef @ coef)
-        attrs = {"objective": float(objective), "method": p.method, "n_samples": n, "n_features": d}
+        attrs = {"objective": float(objective), "method": self.method, "n_samples": n, "n_features": d}
         summary = [f"solved the {d} × {d} normal equations: objective {objective:.10g}"]
         return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs, summary)
+
+    def _cg(self, ctx: JobContext, plan: StagePlan, n: int, d: int) -> JobResult:
+        """Conjugate gradients on (XcᵀXc + n·l2·I) w = Xcᵀ(y − ȳ), Xc = X − 1μᵀ never formed."""
+        p = self.params
+        with ctx.metrics.stage("load"):
+            ctx.session.load(plan["moments"])
+        with ctx.metrics.stage("fit"):
+            m = ctx.session.compute(plan["moments"])
+            mean = m["sum_x"] / n if p.fit_intercept else np.zeros(d)
+            y_mean = float(m["sum_y"]) / n if p.fit_intercept else 0.0
+            rhs = m["xty"] - n * mean * y_mean
+
+            def product(v: np.ndarray) -> np.ndarray:  # (XcᵀXc + n·l2·I) v, one pass over X
+                r = ctx.session.compute(plan["cg"], {"v": v})
+                mv = float(mean @ v)
+                return r["xtxv"] - mv * n * mean - mean * (float(r["sum_xv"]) - n * mv) + n * p.l2 * v
+
+            saved = ctx.checkpoints.restore()
+            if saved is not None:
+                st = saved.state
+                w, resid, direction = st["w"], st["resid"], st["direction"]
+                iterations = int(st["iteration"])
+            else:
+                w, resid, direction, iterations = np.zeros(d), rhs.copy(), rhs.copy(), 0
+            target = p.tol * float(np.linalg.norm(rhs))
+            rs = float(resid @ resid)
+            while np.sqrt(rs) > target and iterations < p.max_iter:
+                step = product(direction)
+                curvature = float(direction @ step)
+                if curvature <= 0:
+                    break  # a singular system (l2 = 0, a column of zeros): w is a least-squares solution
+                alpha = rs / curvature
+                w = w + alpha * direction
+                resid = resid - alpha * step
+                rs, previous = float(resid @ resid), rs
+                direction = resid + (rs / previous) * direction
+                iterations += 1
+                ctx.metrics.iteration(iterations, p.max_iter, residual=float(np.sqrt(rs)), target=target)
+                ctx.checkpoints.tick(iterations, {"w": w, "resid": resid, "direction": direction,
+                                                  "iteration": iterations})
+            intercept = y_mean - float(mean @ w)
+            rss = float(ctx.session.compute(plan["residual"], {"v": w, "b": intercept})["rss"])
+        objective = rss / (2 * n) + 0.5 * p.l2 * float(w @ w)
+        converged = bool(np.sqrt(rs) <= target)
+        attrs = {"objective": objective, "method": "cg", "iterations": iterations, "converged": converged,
+                 "residual_norm": float(np.sqrt(rs)), "n_samples": n, "n_features": d}
+        summary = [f"conjugate gradients {'converged' if converged else 'did NOT converge'} in {iterations} "
+                   f"iterations: objective {objective:.10g}, residual {np.sqrt(rs):.2e} (target {target:.2e})"]
+        return JobResult({"coef": w, "intercept": np.array([intercept])}, attrs, summary)
 
     def _from_r(self, r: np.ndarray, n: int, d: int) -> tuple[np.ndarray, float, float]:
         """Coefficients from the R factor of [X 1 y] (or [X y]), ridge rows appended."""
@@ -136,6 +239,11 @@ class LinearRegression(Job):
             else np.linalg.lstsq(r[:k, :k], r[:k, k], rcond=None)[0]
         objective = float(r[k, k] ** 2) / (2 * n)
         return theta[:d], (float(theta[d]) if p.fit_intercept else 0.0), objective
+
+
+def _vector(y: la.BlockArray) -> la.BlockArray:
+    """y as (n,): an (n, 1) input summed over its one column."""
+    return y.sum(axis=1) if y.ndim == 2 else y
 
 
 def _augmented(X: np.ndarray, y: np.ndarray, ones: bool) -> np.ndarray:

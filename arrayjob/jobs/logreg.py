@@ -61,6 +61,7 @@ class LogisticRegression(Job):
     name = "logreg"
     title = "logistic regression"
     inputs = ("X", "y")
+    sparse_inputs = ("X",)
     Params = LogRegParams
     params: LogRegParams
 

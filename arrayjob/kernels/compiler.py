@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from arrayjob.kernels import rowloop
+from arrayjob.kernels import rowloop, sparse
 from arrayjob.kernels.rewrites import packed, rewrites
 from arrayjob.kernels.row_chunks import CompiledOp, RowChunking
 from arrayjob.planner.ir import infer_shape
@@ -47,6 +47,7 @@ from arrayjob.planner.ops import (
     Einsum,
     Map,
     Op,
+    keeps_sparse,
 )
 
 try:  # numexpr is a dependency; without it kernels run NumPy step by step
@@ -88,16 +89,18 @@ class Program:
             shapes.append(() if step.op is Op.CONST else infer_shape(step.op, ins, step.attrs))
             dtypes.append(step.dtype)
         self.shapes, self.dtypes = shapes, dtypes
+        self.sparse = _sparse_slots(kernel, args)
         largest = max((math.prod(shapes[s]) * np.dtype(dtypes[s]).itemsize for s in range(n_args)), default=0)
         loops = largest >= LOOP_MIN_BYTES or getattr(kernel, "worker_bytes", 0) >= LOOP_MIN_WORKER_BYTES
-        self.rewrites = rewrites(kernel, shapes, dtypes) if loops else {}
+        # the one-hot and arg-reduction loops read dense blocks; sparse steps run on SciPy
+        self.rewrites = rewrites(kernel, shapes, dtypes) if loops and not self.sparse else {}
         self.packed = packed(kernel, self.rewrites, shapes)  # in extra slots after the steps'
         for pack in self.packed:
             shapes.append(pack.shape)
             dtypes.append("float64")
         self.ops = _live(self._ops(evaluate), set(kernel.outputs))
         self.done_after = last_uses([op.inputs for op in self.ops], keep={*kernel.outputs, *range(n_args)})
-        self.chunking = RowChunking.of(self) if len(self.ops) > 1 else None
+        self.chunking = RowChunking.of(self) if len(self.ops) > 1 and not self.sparse else None
         self.row_loop = rowloop.build(self, self.chunking.carrier) if loops and self.chunking is not None else None
 
     # -- expressions ---------------------------------------------------------------------
@@ -106,7 +109,7 @@ class Program:
         if NumExpr is None or not isinstance(step.attrs, Map) or step.attrs.fn not in TEMPLATES:
             return False
         slot = self.kernel.n_args + i
-        if math.prod(self.shapes[slot]) < MIN_EXPRESSION_SIZE:
+        if math.prod(self.shapes[slot]) < MIN_EXPRESSION_SIZE or any(s in self.sparse for s in step.inputs):
             return False
         ins = [self.dtypes[s] for s in step.inputs]
         if any(d not in NE_TYPES for d in ins):
@@ -225,6 +228,17 @@ class Program:
         else:
             self.chunking.run(vals)
         return [vals[o] for o in self.kernel.outputs]
+
+
+def _sparse_slots(kernel: Any, args: Sequence[Any]) -> frozenset[int]:
+    """The slots that hold sparse blocks: sparse arguments, and the steps on them that keep
+    them sparse (``ops.keeps_sparse``, the planner's rule)."""
+    found = {s for s, a in enumerate(args) if sparse.issparse(a)}
+    if found:
+        for i, step in enumerate(kernel.steps):
+            if keeps_sparse(step.op, step.attrs, [s in found for s in step.inputs]):
+                found.add(kernel.n_args + i)
+    return frozenset(found)
 
 
 def _part(part: Callable[[Any], Any], at: int, vals: list[Any]) -> Any:

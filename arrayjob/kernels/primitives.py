@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from arrayjob.kernels import sparse
 from arrayjob.planner import contraction
 from arrayjob.planner.ops import ELEMENTWISE, REDUCTIONS, Const, Einsum, Map, Reduce, Transpose
 from arrayjob.planner.physical import Assemble, Combine, Step
@@ -44,6 +45,8 @@ def combine(kernel: Combine, *partials: Any) -> Any:
 
 
 def assemble(kernel: Assemble, *blocks: np.ndarray) -> np.ndarray:
+    if any(sparse.issparse(b) for b in blocks):
+        return sparse.assemble(kernel.shape, kernel.pieces, blocks)
     if len(blocks) == 1 and tuple(np.shape(blocks[0])) == kernel.shape and all(
             s == (0, n) for s, n in zip(kernel.pieces[0][1], np.shape(blocks[0]), strict=True)):
         return blocks[0]
@@ -83,7 +86,9 @@ def einsum(subscripts: str, *blocks: np.ndarray) -> np.ndarray:
 
 
 def evaluate(step: Step, inputs: list[Any]) -> Any:
-    """One step on NumPy."""
+    """One step on NumPy (on SciPy, ``kernels.sparse``, when an operand is a sparse block)."""
+    if any(sparse.issparse(x) for x in inputs):
+        return sparse.evaluate(step, inputs)
     attrs = step.attrs
     if isinstance(attrs, Const):
         return np.asarray(attrs.value, dtype=step.dtype)

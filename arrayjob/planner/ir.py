@@ -8,12 +8,21 @@ A node's ``op`` and typed ``attrs`` come from the one op vocabulary, ``planner.o
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from arrayjob.planner.ops import Blockwise, Einsum, Op, OpAttrs, Reduce, Transpose
+from arrayjob.planner.ops import Blockwise, Einsum, Op, OpAttrs, Reduce, Source, Transpose, keeps_sparse
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    """A node that is a sparse matrix: the bytes its non-zeros take, and ``rows``, the one
+    axis it may be cut along (a CSR input's rows; the columns of its transpose)."""
+
+    nbytes: int
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,7 @@ class Node:
     shape: tuple[int, ...]
     dtype: str
     attrs: OpAttrs
+    sparse: Sparsity | None = None
 
     @property
     def ndim(self) -> int:
@@ -30,6 +40,8 @@ class Node:
 
     @property
     def nbytes(self) -> int:
+        if self.sparse is not None:
+            return self.sparse.nbytes
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
     @property
@@ -39,6 +51,21 @@ class Node:
     def label(self) -> str:
         """A short human name: ``exp``, ``sum(0)``, ``einsum(ij,j->i)``, ``X``."""
         return self.attrs.label()
+
+
+def sparsity_of(op: Op, attrs: OpAttrs, shape: tuple[int, ...], inputs: Sequence[Node]) -> Sparsity | None:
+    """Whether a node with these inputs is sparse (``ops.keeps_sparse``), and how."""
+    if isinstance(attrs, Source):
+        return None if attrs.array.sparse is None else Sparsity(attrs.array.nbytes, 0)
+    sparse = [u.sparse for u in inputs]
+    if not keeps_sparse(op, attrs, [s is not None for s in sparse]):
+        return None
+    if isinstance(attrs, Transpose):
+        first = sparse[0]
+        assert first is not None
+        return Sparsity(first.nbytes, attrs.perm.index(first.rows))
+    u, first = max(((u, s) for u, s in zip(inputs, sparse, strict=True) if s is not None), key=lambda p: p[1].nbytes)
+    return Sparsity(first.nbytes, first.rows + len(shape) - u.ndim)
 
 
 @dataclass(frozen=True)

@@ -339,7 +339,7 @@ class _Lowering:
             n = g.nodes[v]
             steps.append(Step(n.op, n.attrs, tuple(slot[u] for u in n.inputs), n.dtype))
             slot[v] = len(external) + len(steps) - 1
-        largest = max((math.prod(g.nodes[u].shape) * np.dtype(g.nodes[u].dtype).itemsize for u in external), default=0)
+        largest = max((g.nodes[u].nbytes for u in external), default=0)
         return BlockKernel(kernel.name, len(external), tuple(steps), tuple(slot[v] for v in kernel.outputs),
                            worker_bytes=largest // self.plan.options.workers_for_tiling)
 

@@ -219,6 +219,9 @@ class Elementwise:
     calls: int = 0
     comparison: bool = False
     keeps_integers: bool = False
+    # f(0) == 0 for every operand being 0 ("all", a unary function) or for any one ("any":
+    # multiply): applied to a sparse matrix, the result has its non-zeros and no others
+    keeps_zeros: str | None = None
 
 
 def _table(*entries: Elementwise) -> dict[str, Elementwise]:
@@ -226,23 +229,23 @@ def _table(*entries: Elementwise) -> dict[str, Elementwise]:
 
 
 ELEMENTWISE: dict[str, Elementwise] = _table(
-    Elementwise("negative", 1, np.negative, "(-{0})", keeps_integers=True),
+    Elementwise("negative", 1, np.negative, "(-{0})", keeps_integers=True, keeps_zeros="all"),
     Elementwise("exp", 1, np.exp, "exp({0})", calls=1),
     Elementwise("log", 1, np.log, "log({0})", calls=1),
     Elementwise("log1p", 1, np.log1p, "log1p({0})", calls=1),
-    Elementwise("expm1", 1, np.expm1, "expm1({0})", calls=1),
-    Elementwise("sqrt", 1, np.sqrt, "sqrt({0})"),
-    Elementwise("abs", 1, np.abs, "abs({0})", keeps_integers=True),
-    Elementwise("square", 1, np.square, "({0}**2)", keeps_integers=True),
-    Elementwise("tanh", 1, np.tanh, "tanh({0})", calls=1),
-    Elementwise("sin", 1, np.sin, "sin({0})", calls=1),
+    Elementwise("expm1", 1, np.expm1, "expm1({0})", calls=1, keeps_zeros="all"),
+    Elementwise("sqrt", 1, np.sqrt, "sqrt({0})", keeps_zeros="all"),
+    Elementwise("abs", 1, np.abs, "abs({0})", keeps_integers=True, keeps_zeros="all"),
+    Elementwise("square", 1, np.square, "({0}**2)", keeps_integers=True, keeps_zeros="all"),
+    Elementwise("tanh", 1, np.tanh, "tanh({0})", calls=1, keeps_zeros="all"),
+    Elementwise("sin", 1, np.sin, "sin({0})", calls=1, keeps_zeros="all"),
     Elementwise("cos", 1, np.cos, "cos({0})", calls=1),
     Elementwise("erf", 1, erf, None, calls=1),
     Elementwise("sigmoid", 1, sigmoid, "(1/(1+exp(-{0})))", calls=1),
     Elementwise("reciprocal", 1, np.reciprocal, "(1/{0})"),
     Elementwise("add", 2, np.add, "({0}+{1})", keeps_integers=True),
     Elementwise("subtract", 2, np.subtract, "({0}-{1})", keeps_integers=True),
-    Elementwise("multiply", 2, np.multiply, "({0}*{1})", keeps_integers=True),
+    Elementwise("multiply", 2, np.multiply, "({0}*{1})", keeps_integers=True, keeps_zeros="any"),
     Elementwise("divide", 2, np.true_divide, "({0}/{1})"),
     Elementwise("power", 2, np.power, "({0}**{1})", calls=1),
     Elementwise("maximum", 2, np.maximum, "maximum({0},{1})", keeps_integers=True),
@@ -259,6 +262,22 @@ ELEMENTWISE: dict[str, Elementwise] = _table(
     Elementwise("where", 3, np.where, "where({0},{1},{2})", keeps_integers=True),
 )
 COMPARISONS = frozenset(name for name, e in ELEMENTWISE.items() if e.comparison)
+
+
+def keeps_sparse(op: Op, attrs: OpAttrs, sparse_inputs: Sequence[bool]) -> bool:
+    """Whether the result of ``op`` on these inputs (which of them are sparse) is a sparse
+    matrix with non-zeros only where a sparse input has them: a transpose of one, or a map
+    that keeps zeros (``Elementwise.keeps_zeros``). The planner sizes such a node by its
+    non-zeros (``ir.Sparsity``); the kernels (``kernels.sparse``) compute it without
+    densifying. Any other op on a sparse input gives a dense result."""
+    if not any(sparse_inputs):
+        return False
+    if op is Op.TRANSPOSE:
+        return True
+    if isinstance(attrs, Map):
+        keeps = ELEMENTWISE[attrs.fn].keeps_zeros
+        return keeps == "any" or (keeps == "all" and all(sparse_inputs))
+    return False
 
 
 # -- reductions ------------------------------------------------------------------------------

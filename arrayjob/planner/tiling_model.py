@@ -39,10 +39,9 @@ def block_lengths(graph: Graph, options: PlanOptions) -> dict[int, int]:
         if not isinstance(node.attrs, Source):
             continue
         info: ArrayInfo = node.attrs.array
-        itemsize = node.nbytes // max(1, math.prod(node.shape)) if node.shape else 8
         for a, chunk in enumerate(info.chunks):
             c = classes.of_axis(i, a)
-            other = itemsize * math.prod(s for b, s in enumerate(node.shape) if b != a)
+            other = node.nbytes // max(1, node.shape[a])  # bytes per unit of this axis (sparse: on average)
             if c not in anchor or node.nbytes > anchor[c][0]:
                 anchor[c] = (node.nbytes, max(1, chunk), other)
     lengths: dict[int, int] = {}
@@ -126,8 +125,10 @@ class TilingModel:
         """Per node, the axes lowering cannot cut (see the class docstring)."""
         twice = {c for cls in self.classes for c in cls if cls.count(c) > 1}
         forbidden = [{a for a, c in enumerate(cls) if c in twice} for cls in self.classes]
-        for node in self.graph.nodes:
+        for i, node in enumerate(self.graph.nodes):
             attrs = node.attrs
+            if node.sparse is not None:  # a sparse matrix is cut into rows only (CSR blocks)
+                forbidden[i].update(a for a in range(node.ndim) if a != node.sparse.rows)
             if isinstance(attrs, Reduce) and REDUCTIONS[attrs.fn].is_arg:
                 forbidden[node.inputs[0]].update(attrs.axes)  # no combine for arg-reductions
             elif isinstance(attrs, Store):  # each block written must cover whole chunks of the target

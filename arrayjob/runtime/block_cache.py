@@ -48,7 +48,9 @@ BlockKey = tuple[InputArray, tuple[int, ...]]
 
 
 def block_bytes(source: InputArray) -> int:
-    """The bytes of a full block of ``source``, as read."""
+    """The bytes of a full block of ``source``, as read (a sparse source: its largest block)."""
+    if source.array.sparse is not None:
+        return max((source.array.block_nbytes(source.grid.selection(i)) for i in source.grid.indices()), default=0)
     return math.prod(source.grid.block_shape) * np.dtype(source.array.dtype).itemsize
 
 

@@ -1,0 +1,144 @@
+"""Block steps on sparse blocks (SciPy CSR row blocks of a sparse input), without densifying.
+
+A step with a sparse operand runs here (``primitives.evaluate`` sends it): a contraction is
+a SciPy sparse × dense product, or sparse × sparse for a Gram matrix; a vector that scales
+a sparse operand's rows or columns (``einsum("ij,i,ik->jk", X, v, X)``) is folded into it
+first; a map that keeps zeros (``ops.keeps_sparse``: multiply, square, abs, ...) acts on the
+non-zeros; a sum reduces them. So a pass costs the non-zeros, never n × d. Any other step
+(``X + 1``, ``exp(X)``, an arg-reduction) is dense by nature and densifies the block: the
+jobs that take sparse input are written without such steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse
+
+from arrayjob.planner.ops import ELEMENTWISE, Einsum, Map, Op, Reduce, Transpose, keeps_sparse, parse_einsum
+
+
+def issparse(x: Any) -> bool:
+    return scipy.sparse.issparse(x)
+
+
+def nbytes(x: Any) -> int:
+    """The bytes a block holds (a CSR block: its three arrays)."""
+    if issparse(x):
+        csr = x.tocsr() if x.format not in ("csr", "csc") else x
+        return int(csr.data.nbytes + csr.indices.nbytes + csr.indptr.nbytes)
+    return int(np.asarray(x).nbytes)
+
+
+def dense(x: Any) -> np.ndarray:
+    return x.toarray() if issparse(x) else np.asarray(x)
+
+
+def evaluate(step: Any, inputs: list[Any]) -> Any:
+    """One step with at least one sparse operand."""
+    attrs = step.attrs
+    if isinstance(attrs, Transpose):
+        return inputs[0].T
+    if isinstance(attrs, Map) and keeps_sparse(Op.MAP, attrs, [issparse(x) for x in inputs]):
+        return _map(attrs.fn, inputs).astype(step.dtype, copy=False)
+    if isinstance(attrs, Reduce) and attrs.fn == "sum":
+        return _sum(inputs[0], attrs.axes, attrs.keepdims)
+    if isinstance(attrs, Einsum):
+        return einsum(attrs.subscripts, *inputs)
+    from arrayjob.kernels.primitives import evaluate as dense_evaluate
+
+    return dense_evaluate(step, [dense(x) for x in inputs])
+
+
+def _map(fn: str, inputs: list[Any]) -> Any:
+    if fn == "multiply":
+        a, b = inputs
+        if not issparse(a):
+            a, b = b, a
+        return scipy.sparse.csr_matrix(a.multiply(b))
+    (x,) = inputs
+    out = x.tocsr(copy=True)
+    out.data = ELEMENTWISE[fn].numpy(out.data)
+    return out
+
+
+def _sum(x: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
+    if set(axes) == {0, 1}:
+        total = np.asarray(x.sum())
+        return total.reshape(1, 1) if keepdims else total
+    (axis,) = axes
+    total = np.asarray(x.sum(axis=axis))  # (1, d) or (n, 1)
+    return total if keepdims else total.reshape(-1)
+
+
+def einsum(subscripts: str, *blocks: Any) -> np.ndarray:
+    """A contraction with sparse operands (2-D), as SciPy products; the result is dense."""
+    terms, out = parse_einsum(subscripts)
+    operands = list(zip(terms, blocks, strict=True))
+    operands = _fold_scalings(operands)
+    if len(operands) == 1:
+        (term, x), = operands
+        return np.einsum(f"{term}->{out}", dense(x))
+    if len(operands) == 2:
+        product = _pair(operands[0], operands[1], out)
+        if product is not None:
+            term, value = product
+            return np.einsum(f"{term}->{out}", value)
+    return np.einsum(f"{','.join(t for t, _ in operands)}->{out}", *(dense(x) for _, x in operands), optimize=True)
+
+
+def _fold_scalings(operands: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Multiply each dense vector whose label a sparse operand has into that operand: scaling
+    its rows or columns, which keeps it sparse (einsum multiplies operands elementwise)."""
+    operands = list(operands)
+    while True:
+        for k, (term, x) in enumerate(operands):
+            if issparse(x) or np.ndim(x) != 1:
+                continue
+            into = next((j for j, (t, s) in enumerate(operands) if issparse(s) and term in t), None)
+            if into is None:
+                continue
+            t, s = operands[into]
+            scale = np.asarray(x).reshape((-1, 1) if t.index(term) == 0 else (1, -1))
+            operands[into] = (t, scipy.sparse.csr_matrix(s.multiply(scale)))
+            del operands[k]
+            break
+        else:
+            return operands
+
+
+def _pair(a: tuple[str, Any], b: tuple[str, Any], out: str) -> tuple[str, np.ndarray] | None:
+    """``a`` × ``b`` contracted over the one label they share that the output lacks, as one
+    SciPy product: (the labels of the result, the dense result), or None if not of that form."""
+    (ta, xa), (tb, xb) = a, b
+    if not issparse(xa):
+        (ta, xa), (tb, xb) = (tb, xb), (ta, xa)
+    if not issparse(xa) or len(ta) != 2 or len(set(ta)) != 2:
+        return None
+    shared = [label for label in ta if label in tb]
+    if len(shared) != 1 or shared[0] in out or tb.count(shared[0]) != 1:
+        return None
+    (c,) = shared
+    left = xa if ta[1] == c else xa.T  # the contracted label last
+    free = ta[0] if ta[1] == c else ta[1]
+    if issparse(xb):
+        if len(tb) != 2:
+            return None
+        right = xb if tb[0] == c else xb.T
+        other = tb[1] if tb[0] == c else tb[0]
+        return free + other, dense(left @ right)
+    y = np.moveaxis(np.asarray(xb), tb.index(c), 0)
+    rest = tb.replace(c, "")
+    product = left @ y.reshape(y.shape[0], -1)
+    return free + rest, np.asarray(product).reshape((left.shape[0], *y.shape[1:]))
+
+
+def assemble(shape: tuple[int, ...], pieces: Any, blocks: tuple[Any, ...]) -> Any:
+    """Row blocks of a sparse matrix put together (a block cut into other rows than read)."""
+    parts = [scipy.sparse.csr_matrix(b)[src[0][0]: src[0][1], src[1][0]: src[1][1]]
+             for b, (_, src) in zip(blocks, pieces, strict=True)]
+    order = np.argsort([dst[0][0] for dst, _ in pieces])
+    result = scipy.sparse.vstack([parts[i] for i in order], format="csr")
+    assert result.shape == shape
+    return result
