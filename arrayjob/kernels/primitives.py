@@ -88,7 +88,10 @@ def einsum(subscripts: str, *blocks: np.ndarray) -> np.ndarray:
 def evaluate(step: Step, inputs: list[Any]) -> Any:
     """One step on NumPy (on SciPy, ``kernels.sparse``, when an operand is a sparse block)."""
     if any(sparse.issparse(x) for x in inputs):
-        return sparse.evaluate(step, inputs)
+        result = sparse.evaluate(step, inputs)
+        if result is not NotImplemented:
+            return result
+        inputs = [sparse.dense(x) for x in inputs]
     attrs = step.attrs
     if isinstance(attrs, Const):
         return np.asarray(attrs.value, dtype=step.dtype)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from typing import Any
 
+from arrayjob.io.locations import ArrayInfo
 from arrayjob.planner.ops import Op, Source
+from arrayjob.planner.physical import BlockGrid
 from arrayjob.planner.plan import Plan
+from arrayjob.units import size
 
 NAMED = (Op.SOURCE, Op.VALUE)  # arrays shown by their own names
 
@@ -38,8 +42,23 @@ def arrays(plan: Plan) -> list[dict[str, Any]]:
             entry["tiling"] = plan.tilings[i].describe(n.ndim)
             entry["grid"] = list(grid.grid_shape)
             entry["block"] = list(grid.block_shape)
+        if isinstance(n.attrs, Source) and n.attrs.array.sparse is not None:
+            entry["sparse"] = _sparse(n.attrs.array, plan.grid(i) if plan.tilings is not None else None)
         out.append(entry)
     return out
+
+
+def _sparse(info: ArrayInfo, grid: BlockGrid | None) -> dict[str, Any]:
+    """A sparse input's non-zeros and bytes, and the least and most a block holds."""
+    layout = info.sparse
+    assert layout is not None
+    entry: dict[str, Any] = {"format": layout.format, "nnz": layout.nnz, "nbytes": info.nbytes,
+                             "density": layout.nnz / max(1, math.prod(info.shape))}
+    if grid is not None:
+        per_block = [layout.nnz_between(s[0].start, s[0].stop, info.chunks[0], info.shape[0])
+                     for s in map(grid.selection, grid.indices())]
+        entry["block_nnz"] = [min(per_block, default=0), max(per_block, default=0)]
+    return entry
 
 
 def kernels(plan: Plan) -> list[dict[str, Any]]:
@@ -104,6 +123,13 @@ def to_text(plan: Plan, title: str = "") -> str:
         grid = " × ".join(map(str, a["grid"])) or "1"
         lines.append(f"{a['name'][:28]:<28} {_fmt_shape(tuple(a['shape'])):>18} {a['tiling']:>8} "
                      f"{grid:>8} {_fmt_shape(tuple(a['block'])):>18}")
+    for a in doc["arrays"]:
+        if "sparse" in a:
+            sp = a["sparse"]
+            blocks = (f"; a block holds {sp['block_nnz'][0]:,} to {sp['block_nnz'][1]:,}"
+                      if "block_nnz" in sp else "")
+            lines.append(f"{a['name']}: sparse ({sp['format'].upper()}), {sp['nnz']:,} non-zeros "
+                         f"({sp['density']:.3g} of the entries), {size(sp['nbytes'])} in memory{blocks}")
     if doc["kernels"]:
         lines.append("")
         lines.append(f"kernels ({len(doc['kernels'])}):")
