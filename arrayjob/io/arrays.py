@@ -1,7 +1,9 @@
 """Zarr arrays by URI: metadata for the planner, block reads for the workers, writes for results.
 
-Only metadata is read on the driver (``open_array_info``); chunks are read by whichever
-process runs ``read_block`` (``io.dense``), so the driver never holds a big array.
+Only metadata is read on the driver (``open_array_info``; a sparse group's in ``io.sparse``);
+chunks are read by whichever process runs ``read_block``, so the driver never holds a big
+array. ``read_block`` reads a dense array's block (``io.dense``) or a sparse group's row block
+(``io.sparse``), whichever ``info`` is.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from arrayjob.errors import InputError, StorageError
 from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure
 from arrayjob.io.dense import chunk_key, failed_read, missing_chunk_message, read_dense_block
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
+from arrayjob.io.sparse import member_info, read_sparse_block
 from arrayjob.io.storage import zarr_store
 
 
@@ -37,6 +40,8 @@ def open_array_info(name: str, location: Location, options: StorageOptions, *,
         if not _bucket_exists(location, options):
             bucket = location.path.partition("/")[0]
             raise InputError(f"inputs.{name}: bucket {bucket!r} does not exist (reading {location})") from None
+        if _is_group(location, options):  # Zarr v2 says "no array" where v3 says "a group"
+            raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
         raise InputError(f"inputs.{name}: no Zarr array at {location}") from None
     except zarr.errors.NodeTypeValidationError:
         raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
@@ -59,7 +64,12 @@ def open_array_info(name: str, location: Location, options: StorageOptions, *,
 def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
     """Check that the first and the last chunk (or shard) of ``info`` exist: two HEAD requests
     that catch metadata declaring a shape the stored data do not have, before any planning.
-    An empty array, or one whose missing chunks are to be read as fill values, passes."""
+    An empty array, or one whose missing chunks are to be read as fill values, passes. Of a
+    sparse group, the chunks of ``data`` and ``indices`` (``indptr`` was read whole)."""
+    if info.sparse is not None:
+        for member in ("data", "indices"):
+            check_chunks_stored(member_info(info, member), options)
+        return
     if info.missing_chunks == "fill" or 0 in info.shape:
         return
     try:
@@ -82,6 +92,14 @@ def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
                          f"{describe_failure(exc)}") from None
 
 
+def _is_group(location: Location, options: StorageOptions) -> bool:
+    try:
+        zarr.open_group(store=zarr_store(location, options, read_only=True), mode="r")
+    except Exception:  # noqa: BLE001 - no group there either
+        return False
+    return True
+
+
 def _bucket_exists(location: Location, options: StorageOptions) -> bool:
     try:
         return backend_for(location, options).bucket_exists()
@@ -102,7 +120,15 @@ def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, A
 EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
 
 
-read_block = read_dense_block  # the one reader for now: a dense array's chunk-aligned block
+def read_block(info: ArrayInfo, selection: tuple[slice, ...], options: StorageOptions) -> tuple[Any, StorageCounters]:
+    """Read ``info[selection]``: a NumPy array, or of a sparse group (``info.sparse``) a SciPy
+    CSR matrix of the rows ``selection[0]``; returns it and the requests it took.
+
+    A missing chunk (unless ``info.missing_chunks`` is "fill") or a chunk that fails to decode
+    (a checksum mismatch, bytes of the wrong size) is an ``InputError`` naming it."""
+    if info.sparse is not None:
+        return read_sparse_block(info, selection, options)
+    return read_dense_block(info, selection, options)
 
 
 def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) -> np.ndarray:

@@ -2,7 +2,8 @@
 hold it (a worker, never the driver for a big array), its requests counted, and the chunk a
 failed read hit named (missing, corrupt, or its request refused).
 
-``io.arrays.read_block`` is the front every caller uses.
+``io.arrays.read_block`` is the front every caller uses; it reads a dense array here, and a
+sparse group's three member arrays are read through here too (``io.sparse``).
 """
 
 from __future__ import annotations
