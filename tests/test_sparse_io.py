@@ -15,10 +15,14 @@ import scipy.sparse
 import zarr
 
 from arrayjob.errors import InputError
-from arrayjob.io.arrays import check_chunks_stored, read_block
-from arrayjob.io.locations import StorageOptions, parse_uri
+from arrayjob.io.arrays import check_chunks_stored, open_array_info, read_block
+from arrayjob.io.locations import StorageCounters, StorageOptions, parse_uri
 from arrayjob.io.sparse import is_sparse_group, open_sparse_info, read_sparse_block
-from tests.helpers import storage_options, write_array
+from arrayjob.planner.physical import BlockGrid, InputArray
+from arrayjob.runner import open_inputs
+from arrayjob.runtime.executor import load_and_check
+from arrayjob.spec import load_spec
+from tests.helpers import storage_options, write_array, write_spec
 
 ROWS, COLS = 120, 40
 
@@ -257,6 +261,38 @@ def test_a_missing_or_corrupt_chunk_is_named_in_its_member_array(tmp_path):
 
 
 # -- where the run meets it ----------------------------------------------------------------
+
+
+def test_open_inputs_opens_a_sparse_group_as_one_input(tmp_path):
+    m = matrix(seed=5)
+    write_csr(str(tmp_path / "X.zarr"), m, zarr_format=2)
+    write_array(str(tmp_path / "y.zarr"), np.zeros(ROWS), (50,))
+    spec = load_spec(write_spec(tmp_path / "job.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out"))
+    reads = StorageCounters()
+    arrays = open_inputs(spec, reads)
+    assert set(arrays) == {"X", "y"} and arrays["y"].sparse is None
+    assert arrays["X"].sparse is not None and arrays["X"].sparse.nnz == m.nnz
+    assert reads.get_requests > 0 and reads.bytes_read > 0
+    with pytest.raises(InputError, match="is a Zarr group, expected an array"):
+        open_array_info("X", parse_uri(str(tmp_path / "X.zarr")), StorageOptions())
+
+
+def test_a_sparse_block_is_checked_and_sized_by_its_arrays(tmp_path):
+    m = matrix(seed=6)
+    uri = str(tmp_path / "X.zarr")
+    write_csr(uri, m)
+    options = StorageOptions()
+    info = open_sparse_info("X", parse_uri(uri), options).info
+    source = InputArray(info, BlockGrid(info.shape, (info.chunks[0] * 3, COLS)))
+    block, stats = load_and_check(source, (1, 0), options)
+    assert stats["nbytes"] == block.data.nbytes + block.indices.nbytes + block.indptr.nbytes
+    assert (stats["bytes_read"], stats["get_requests"]) == info.block_reads(source.grid.selection((1, 0)))
+    row = int(np.flatnonzero(np.diff(m.indptr))[-1])  # the last row that holds a value
+    zarr.open_group(uri, mode="r+")["data"][m.indptr[row]] = np.nan
+    last = (row // source.grid.block_shape[0], 0)
+    where = source.grid.selection(last)[0]
+    with pytest.raises(InputError, match=rf"^inputs\.X: NaN or infinite values in \[{where.start}:{where.stop}, 0:{COLS}\]"):
+        load_and_check(source, last, options)
 
 
 def test_a_missing_chunk_on_s3_is_named(s3_endpoint, s3_bucket):
