@@ -12,8 +12,10 @@ import boto3
 import numpy as np
 import pytest
 import scipy.sparse
+import scipy.sparse.linalg
 import zarr
 
+from arrayjob.datagen import DatagenRequest, generate
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import check_chunks_stored, open_array_info, read_block
 from arrayjob.io.locations import StorageCounters, StorageOptions, parse_uri
@@ -22,7 +24,7 @@ from arrayjob.planner.physical import BlockGrid, InputArray
 from arrayjob.runner import open_inputs
 from arrayjob.runtime.executor import load_and_check
 from arrayjob.spec import load_spec
-from tests.helpers import storage_options, write_array, write_spec
+from tests.helpers import run_cli, storage_options, write_array, write_spec
 
 ROWS, COLS = 120, 40
 
@@ -311,3 +313,64 @@ def test_a_missing_chunk_on_s3_is_named(s3_endpoint, s3_bucket):
     assert info.chunks[0] == 1
     with pytest.raises(InputError, match=rf"^inputs\.X: chunk \(2,\) \(key 'c/2'\) of {uri}/indices is missing"):
         read_block(info, (slice(row, row + 1), slice(0, COLS)), options)
+
+
+# -- arrayjob datagen --nnz-per-row ----------------------------------------------------------
+
+
+def load_csr(uri: str, endpoint: str | None = None) -> scipy.sparse.csr_matrix:
+    """The group as any AnnData reader would load it: its three arrays and its shape."""
+    group = zarr.open_group(uri, mode="r", storage_options=storage_options(uri, endpoint))
+    assert group.attrs["encoding-type"] == "csr_matrix" and group.attrs["encoding-version"] == "0.1.0"
+    return scipy.sparse.csr_matrix((group["data"][:], group["indices"][:], group["indptr"][:]),
+                                   shape=tuple(group.attrs["shape"]))
+
+
+@pytest.mark.parametrize("algorithm", ["logreg", "linreg", "kmeans"])
+def test_datagen_writes_a_csr_group_read_back_block_by_block(backend, algorithm):
+    base, options, endpoint = backend
+    request = DatagenRequest(parse_uri(f"{base}/demo"), rows=1000, cols=300, chunk_rows=128, seed=3,
+                             options=options, k=4, nnz_per_row=6)
+    generate(algorithm, request)
+    m = load_csr(f"{base}/demo/X.zarr", endpoint)
+    assert m.shape == (1000, 300) and m.nnz == 6000 and (np.diff(m.indptr) == 6).all()
+    assert m.has_sorted_indices and np.isfinite(m.data).all()
+    info = open_sparse_info("X", parse_uri(f"{base}/demo/X.zarr"), options).info
+    layout = info.sparse
+    assert (layout.data_chunk, layout.indices_chunk, layout.indptr_chunk) == (128 * 6, 128 * 6, 128)
+    assert (layout.index_dtype, layout.indptr_dtype, layout.chunk_overhead) == ("int32", "int32", (4, 4, 4))
+    assert info.chunks == (128, 300)  # a row chunk holds a data chunk's values exactly
+    assert_blocks_read_as_priced(info, m, options, 256)
+    if algorithm == "kmeans":  # points around 4 centres: 4 sets of columns
+        assert len({tuple(m.indices[m.indptr[i]:m.indptr[i + 1]]) for i in range(1000)}) == 4
+        return
+    y = zarr.open_array(f"{base}/demo/y.zarr", mode="r", storage_options=storage_options(base, endpoint))[:]
+    assert y.shape == (1000,)
+    if algorithm == "logreg":
+        assert set(np.unique(y)) == {0.0, 1.0}
+    else:  # y = X w + 0.5 + noise: least squares on X recovers it to the noise
+        design = scipy.sparse.hstack([m, np.ones((1000, 1))]).tocsr()
+        residual = y - design @ scipy.sparse.linalg.lsqr(design, y, atol=1e-10, btol=1e-10)[0]
+        assert residual.std() < 0.15
+
+
+def test_datagen_sparse_on_the_command_line(tmp_path, capsys):
+    code, out, err = run_cli(["datagen", "logreg", str(tmp_path / "demo"), "--nnz-per-row", "5", "--rows", "1000",
+                              "--cols", "5000"], capsys)
+    assert code == 0, err
+    assert out.startswith(f"wrote logreg demo data to {tmp_path / 'demo'}: ") and out.count("\n") == 1
+    m = load_csr(str(tmp_path / "demo/X.zarr"))
+    assert m.shape == (1000, 5000) and m.nnz == 5000 and m.indices.max() < 5000
+    assert m.has_canonical_format  # sorted, no column twice in a row
+
+
+@pytest.mark.parametrize(("args", "problem"), [
+    (["tsqr", "--nnz-per-row", "5"], "datagen: a sparse X (--nnz-per-row, --density) is made for logreg, linreg, kmeans, not tsqr"),
+    (["logreg", "--nnz-per-row", "5", "--density", "0.1"], "datagen: give --nnz-per-row or --density, not both"),
+    (["logreg", "--nnz-per-row", "40", "--cols", "32"], "datagen: --nnz-per-row must be from 1 to --cols (32), got 40"),
+    (["logreg", "--density", "1.5"], "datagen: --density must be in (0, 1], got 1.5"),
+])
+def test_datagen_sparse_refuses_what_it_cannot_make(tmp_path, capsys, args, problem):
+    code, out, err = run_cli(["datagen", args[0], str(tmp_path / "demo"), *args[1:]], capsys)
+    assert code == 2 and err.strip().splitlines() == [f"arrayjob: error: {problem}"]
+    assert not (tmp_path / "demo").exists()
