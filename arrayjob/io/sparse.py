@@ -10,7 +10,7 @@ three arrays, integer ``indices`` and ``indptr`` of any width::
     read = open_sparse_info("X", parse_uri("s3://bucket/X.zarr"), StorageOptions())
     block, counters = read_sparse_block(read.info, (slice(0, read.info.chunks[0]), slice(0, d)), options)
 
-The driver reads ``indptr`` whole (8 bytes a row), once: the planner sizes every row block by
+The driver reads ``indptr`` whole (4 or 8 bytes a row), once: the planner sizes every row block by
 its non-zeros from it (``SparseLayout.offsets``), and its checks cost nothing more. ``data`` and
 ``indices`` are read only by the worker that holds a block, through ``io.dense`` like any dense
 array, so a missing or corrupt chunk is named the same way.
