@@ -3,6 +3,9 @@
 Data are generated chunk by chunk with a seed per chunk, so the bytes depend only on
 ``seed`` and the shape, never on memory or parallelism, and the driver holds one slab
 (about 64 MiB) at a time. Every chunk carries a CRC32C checksum that reads verify.
+
+With ``--nnz-per-row`` (or ``--density``), logreg, linreg and kmeans write X as a sparse CSR
+group (AnnData's layout, ``io.sparse_writer``), a slab of rows at a time; y stays dense.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from arrayjob.errors import SpecError
 from arrayjob.io.arrays import create_array
 from arrayjob.io.locations import Location, StorageCounters, StorageOptions
 from arrayjob.io.output import probe_writable
+from arrayjob.io.sparse_writer import CsrGroupWriter
 
 SLAB_BYTES = 64 * 2**20
 
@@ -32,6 +36,8 @@ class DatagenRequest:
     rank: int = 8  # rank (tensors; factor columns)
     shape: tuple[int, ...] = ()  # tensor shape (mttkrp, cp_als); rows × cols × cols if empty
     edges: int = 0  # edges (pagerank); 10 × rows if 0
+    nnz_per_row: int = 0  # > 0: X sparse, with this many non-zeros in every row (logreg, linreg, kmeans)
+    density: float = 0.0  # > 0: X sparse, with round(density × cols) non-zeros in every row
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -188,6 +194,119 @@ def pagerank(req: DatagenRequest) -> StorageCounters:
     return counters
 
 
+# -- sparse X (issue 24) --------------------------------------------------------------------
+
+
+def _sparse_columns(rng: np.random.Generator, rows: int, nnz: int, cols: int) -> np.ndarray:
+    """(rows, nnz) sorted distinct columns in [0, cols): a sorted draw from [0, cols - nnz]
+    plus 0, 1, ..., nnz - 1 (distinct by construction, no rejection)."""
+    return np.sort(rng.integers(0, cols - nnz + 1, size=(rows, nnz)), axis=1) + np.arange(nnz)
+
+
+def _true_weights(req: DatagenRequest, nnz: int) -> np.ndarray:
+    """A sparse weight vector (a tenth of the columns), scaled so that x·w has variance 1 for a
+    row of ``nnz`` standard normal values."""
+    rng = _rng(req.seed, 99)
+    support = max(1, req.cols // 10)
+    w = np.zeros(req.cols)
+    w[rng.choice(req.cols, size=support, replace=False)] = rng.standard_normal(support)
+    return w / np.sqrt(nnz * support / req.cols)
+
+
+SparseRows = Callable[[int, int, np.random.Generator], tuple[np.ndarray, ...]]
+
+
+def _write_sparse(req: DatagenRequest, nnz: int, make: SparseRows, counters: StorageCounters,
+                  with_y: bool = True) -> None:
+    """X as a CSR group of ``nnz`` values a row (and y dense), slab by slab of row chunks:
+    ``make(start, rows, rng)`` gives a chunk's columns and values, (rows, nnz) each (and y).
+    A chunk of X holds at most 64 MiB of values, fewer for ``chunk_rows`` rows."""
+    n, chunk_rows = req.rows, max(1, min(req.chunk_rows, req.rows, SLAB_BYTES // (8 * nnz)))
+    writer = CsrGroupWriter(req.location.join("X.zarr"), req.options, shape=(n, req.cols), nnz=n * nnz,
+                            chunk_rows=chunk_rows, row_nnz=nnz, counters=counters)
+    y = create_array(req.location.join("y.zarr"), req.options, shape=(n,), chunks=(chunk_rows,), dtype="float64",
+                     counters=counters, checksum=True) if with_y else None
+    # a slab's columns, values and their temporaries take about 8 times its 8-byte values
+    per_slab = max(1, SLAB_BYTES // (8 * chunk_rows * nnz * 8))
+    n_chunks = -(-n // chunk_rows)
+    for first in range(0, n_chunks, per_slab):
+        parts = [make(c * chunk_rows, min(chunk_rows, n - c * chunk_rows), _rng(req.seed, 0, c))
+                 for c in range(first, min(first + per_slab, n_chunks))]
+        columns, values, *targets = (np.concatenate(p) for p in zip(*parts, strict=True))
+        writer.write(np.arange(len(columns) + 1, dtype=np.int64) * nnz, columns.ravel(), values.ravel())
+        if y is not None:
+            start = first * chunk_rows
+            y[start: start + len(columns)] = targets[0]
+    writer.close()
+
+
+def sparse_logreg(req: DatagenRequest, nnz: int) -> StorageCounters:
+    """Rows of ``nnz`` standard normal values at random columns; labels Bernoulli(sigmoid(2 x·w))
+    for a true weight vector w nonzero on a tenth of the columns."""
+    counters = StorageCounters()
+    w = 2.0 * _true_weights(req, nnz)
+
+    def rows(start: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        columns, values = _sparse_columns(rng, n, nnz, req.cols), rng.standard_normal((n, nnz))
+        margin = (values * w[columns]).sum(axis=1)
+        return columns, values, (rng.random(n) < 1.0 / (1.0 + np.exp(-margin))).astype(np.float64)
+
+    _write_sparse(req, nnz, rows, counters)
+    return counters
+
+
+def sparse_linreg(req: DatagenRequest, nnz: int) -> StorageCounters:
+    """y = X w + 0.5 + noise (sd 0.1), X's rows ``nnz`` standard normal values at random
+    columns, w nonzero on a tenth of the columns."""
+    counters = StorageCounters()
+    w = _true_weights(req, nnz)
+
+    def rows(start: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        columns, values = _sparse_columns(rng, n, nnz, req.cols), rng.standard_normal((n, nnz))
+        return columns, values, (values * w[columns]).sum(axis=1) + 0.5 + 0.1 * rng.standard_normal(n)
+
+    _write_sparse(req, nnz, rows, counters)
+    return counters
+
+
+def sparse_kmeans(req: DatagenRequest, nnz: int) -> StorageCounters:
+    """``k`` sparse centres (``nnz`` columns each, values in [-10, 10]); each point is a random
+    centre plus unit-variance noise on that centre's columns."""
+    counters = StorageCounters()
+    rng = _rng(req.seed, 99)
+    support = _sparse_columns(rng, req.k, nnz, req.cols)
+    centres = rng.uniform(-10, 10, size=(req.k, nnz))
+
+    def rows(start: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        label = rng.integers(0, req.k, size=n)
+        return support[label], centres[label] + rng.standard_normal((n, nnz))
+
+    _write_sparse(req, nnz, rows, counters, with_y=False)
+    return counters
+
+
+SPARSE_GENERATORS: dict[str, Callable[[DatagenRequest, int], StorageCounters]] = {
+    "logreg": sparse_logreg, "linreg": sparse_linreg, "kmeans": sparse_kmeans,
+}
+
+
+def _row_nnz(algorithm: str, req: DatagenRequest) -> int:
+    """The non-zeros of every row of a sparse X (0: X dense)."""
+    if not req.nnz_per_row and not req.density:
+        return 0
+    if req.nnz_per_row and req.density:
+        raise SpecError("datagen: give --nnz-per-row or --density, not both")
+    if algorithm not in SPARSE_GENERATORS:
+        raise SpecError(f"datagen: a sparse X (--nnz-per-row, --density) is made for {', '.join(SPARSE_GENERATORS)}, "
+                        f"not {algorithm}")
+    if req.density and not 0 < req.density <= 1:
+        raise SpecError(f"datagen: --density must be in (0, 1], got {req.density}")
+    nnz = req.nnz_per_row or max(1, round(req.density * req.cols))
+    if not 1 <= nnz <= req.cols:
+        raise SpecError(f"datagen: --nnz-per-row must be from 1 to --cols ({req.cols}), got {nnz}")
+    return nnz
+
+
 GENERATORS: dict[str, Callable[[DatagenRequest], StorageCounters]] = {
     "logreg": logreg, "linreg": linreg, "kmeans": kmeans, "tsqr": tsqr, "mttkrp": mttkrp,
     "cp_als": cp_als, "pagerank": pagerank,
@@ -203,5 +322,8 @@ def generate(algorithm: str, req: DatagenRequest) -> StorageCounters:
             raise SpecError(f"datagen: {name} must be >= 1, got {value}")
     if any(s < 1 for s in req.shape):
         raise SpecError(f"datagen: --shape sizes must be >= 1, got {req.shape}")
+    nnz = _row_nnz(algorithm, req)
     probe_writable(req.location, req.options, "URI")  # one line (exit 4), not a failure mid-write
+    if nnz:
+        return SPARSE_GENERATORS[algorithm](req, nnz)
     return GENERATORS[algorithm](req)

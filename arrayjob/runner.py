@@ -23,6 +23,7 @@ from arrayjob.io.backend import storage_retries
 from arrayjob.io.checkpoint import Checkpoints, CheckpointStore, kill_point
 from arrayjob.io.locations import ArrayInfo, StorageCounters
 from arrayjob.io.output import JobOutput
+from arrayjob.io.sparse import is_sparse_group, open_sparse_info
 from arrayjob.jobs import get_job
 from arrayjob.jobs.base import Job, JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions
@@ -47,11 +48,13 @@ class RunOutcome:
     description: str = ""
 
 
-def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
+def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str, ArrayInfo]:
     """Read every input's metadata; a missing one is named with how to create demo data.
 
     An input a job accepts as a group (e.g. PageRank's CSR ``indptr`` and ``indices``)
-    yields one entry per member, named ``<input>.<member>``.
+    yields one entry per member, named ``<input>.<member>``. Any other input may be a sparse
+    matrix group (AnnData's CSR layout, ``io.sparse``): one entry, its ``sparse`` set; opening
+    it reads its ``indptr`` whole, counted into ``reads``.
     """
     arrays = {}
     members = get_job(spec.algorithm).group_inputs
@@ -64,6 +67,12 @@ def open_inputs(spec: JobSpec) -> dict[str, ArrayInfo]:
                 for member in members[name]:
                     key = f"{name}.{member}"
                     arrays[key] = open_array_info(key, location.join(member), spec.storage, missing_chunks=missing)
+                continue
+            if "is a Zarr group" in str(exc) and is_sparse_group(location, spec.storage):
+                opened = open_sparse_info(name, location, spec.storage, missing_chunks=missing)
+                if reads is not None:
+                    reads.add(opened.counters)
+                arrays[name] = opened.info
                 continue
             if "no Zarr array" in str(exc):
                 parent = str(location).rsplit("/", 1)[0]

@@ -325,10 +325,15 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
 @click.option("--rank", type=int, default=8, show_default=True, help="Rank (mttkrp, cp_als).")
 @click.option("--shape", default="", help="Tensor shape I,J,K (mttkrp, cp_als) [default: rows,cols,cols].")
 @click.option("--edges", type=int, default=0, help="Edges (pagerank) [default: 10 × rows].")
+@click.option("--nnz-per-row", type=int, default=0,
+              help="Write X sparse, a CSR group with this many non-zeros a row (logreg, linreg, kmeans).")
+@click.option("--density", type=float, default=0.0,
+              help="Write X sparse, with this fraction of each row non-zero (logreg, linreg, kmeans).")
 @debug_option
 def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, seed: int, clusters: int,
-            rank: int, shape: str, edges: int, debug: bool) -> None:
-    """Write demo input arrays for ALGORITHM under URI (Zarr v3)."""
+            rank: int, shape: str, edges: int, nnz_per_row: int, density: float, debug: bool) -> None:
+    """Write demo input arrays for ALGORITHM under URI (Zarr v3; X as a sparse CSR group in
+    AnnData's layout with --nnz-per-row or --density)."""
     from arrayjob.datagen import DatagenRequest, generate
     from arrayjob.errors import SpecError
     from arrayjob.io.locations import StorageOptions, parse_uri
@@ -340,7 +345,7 @@ def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, see
     except ValueError:
         raise SpecError(f"datagen: --shape expects sizes like 400,400,400, got {shape!r}") from None
     request = DatagenRequest(location, rows, cols, chunk_rows, seed, StorageOptions(), k=clusters, rank=rank,
-                             shape=dims, edges=edges)
+                             shape=dims, edges=edges, nnz_per_row=nnz_per_row, density=density)
     counters = generate(algorithm, request)
     click.echo(f"wrote {algorithm} demo data to {location}: {size(counters.bytes_written)} "
                f"in {counters.put_requests:,} requests")

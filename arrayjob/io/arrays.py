@@ -1,15 +1,15 @@
 """Zarr arrays by URI: metadata for the planner, block reads for the workers, writes for results.
 
-Only metadata is read on the driver (``open_array_info``); chunks are read by whichever
-process runs ``read_block``, so the driver never holds a big array.
+Only metadata is read on the driver (``open_array_info``; a sparse group's in ``io.sparse``);
+chunks are read by whichever process runs ``read_block``, so the driver never holds a big
+array. ``read_block`` reads a dense array's block (``io.dense``) or a sparse group's row block
+(``io.sparse``), whichever ``info`` is.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,14 +21,10 @@ from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.sync import sync
 
 from arrayjob.errors import InputError, StorageError
-from arrayjob.io.backend import (
-    MissingChunk,
-    backend_for,
-    describe_failure,
-    failed_request,
-    is_storage_failure,
-)
+from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure
+from arrayjob.io.dense import chunk_key, failed_read, missing_chunk_message, read_dense_block
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
+from arrayjob.io.sparse import member_info, read_sparse_block
 from arrayjob.io.storage import zarr_store
 
 
@@ -44,6 +40,8 @@ def open_array_info(name: str, location: Location, options: StorageOptions, *,
         if not _bucket_exists(location, options):
             bucket = location.path.partition("/")[0]
             raise InputError(f"inputs.{name}: bucket {bucket!r} does not exist (reading {location})") from None
+        if _is_group(location, options):  # Zarr v2 says "no array" where v3 says "a group"
+            raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
         raise InputError(f"inputs.{name}: no Zarr array at {location}") from None
     except zarr.errors.NodeTypeValidationError:
         raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
@@ -63,24 +61,15 @@ def open_array_info(name: str, location: Location, options: StorageOptions, *,
     )
 
 
-def _chunk_key(array: zarr.Array, index: tuple[int, ...]) -> str:
-    if array.metadata.zarr_format == 2:
-        separator = array.metadata.dimension_separator or "."
-        return separator.join(str(i) for i in index) or "0"
-    return array.metadata.chunk_key_encoding.encode_chunk_key(index)
-
-
-def _missing_chunk_message(info: ArrayInfo, key: str, sharded: bool) -> str:
-    index = tuple(int(i) for i in re.findall(r"\d+", key))  # "c/3/0" (v3), "3.0" (v2): keys from the array's root
-    what = "shard" if sharded else "chunk"
-    return (f"inputs.{info.name}: {what} {index} (key {key!r}) of {info.uri} is missing: lost data "
-            f"(for a sparse array, missing_chunks = \"fill\" in [inputs] reads it as the fill value)")
-
-
 def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
     """Check that the first and the last chunk (or shard) of ``info`` exist: two HEAD requests
     that catch metadata declaring a shape the stored data do not have, before any planning.
-    An empty array, or one whose missing chunks are to be read as fill values, passes."""
+    An empty array, or one whose missing chunks are to be read as fill values, passes. Of a
+    sparse group, the chunks of ``data`` and ``indices`` (``indptr`` was read whole)."""
+    if info.sparse is not None:
+        for member in ("data", "indices"):
+            check_chunks_stored(member_info(info, member), options)
+        return
     if info.missing_chunks == "fill" or 0 in info.shape:
         return
     try:
@@ -91,16 +80,24 @@ def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
         first = tuple(0 for _ in grid)
         last = tuple(g - 1 for g in grid)
         for index in dict.fromkeys([first, last]):
-            key = _chunk_key(array, index)
+            key = chunk_key(array, index)
             if not sync(store.exists(key)):
-                raise InputError(_missing_chunk_message(info, key, array.shards is not None))
+                raise InputError(missing_chunk_message(info, key, array.shards is not None))
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001
         if is_storage_failure(exc):
-            raise StorageError(f"inputs.{info.name}: {_failed_read(info, 'the first and last chunks', exc, doing='checking')}") from None
+            raise StorageError(f"inputs.{info.name}: {failed_read(info, 'the first and last chunks', exc, doing='checking')}") from None
         raise InputError(f"inputs.{info.name}: {info.uri} is not a readable Zarr array: "
                          f"{describe_failure(exc)}") from None
+
+
+def _is_group(location: Location, options: StorageOptions) -> bool:
+    try:
+        zarr.open_group(store=zarr_store(location, options, read_only=True), mode="r")
+    except Exception:  # noqa: BLE001 - no group there either
+        return False
+    return True
 
 
 def _bucket_exists(location: Location, options: StorageOptions) -> bool:
@@ -123,82 +120,15 @@ def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, A
 EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
 
 
-@functools.lru_cache(maxsize=64)
-def _open_for_reading(info: ArrayInfo, options: StorageOptions) -> tuple[zarr.Array, StorageCounters]:
-    # Cached per worker process: a block read costs its chunk GETs, not a metadata GET too.
-    counters = StorageCounters()
-    store = backend_for(info.location, options).block_store(counters, refuse_missing=info.missing_chunks != "fill")
-    return zarr.open_array(store=store, mode="r"), counters
+def read_block(info: ArrayInfo, selection: tuple[slice, ...], options: StorageOptions) -> tuple[Any, StorageCounters]:
+    """Read ``info[selection]``: a NumPy array, or of a sparse group (``info.sparse``) a SciPy
+    CSR matrix of the rows ``selection[0]``; returns it and the requests it took.
 
-
-def read_block(
-    info: ArrayInfo, selection: tuple[slice, ...], options: StorageOptions
-) -> tuple[np.ndarray, StorageCounters]:
-    """Read ``info[selection]``; returns the block and the requests it took.
-
-    A missing chunk (unless ``info.missing_chunks`` is "fill") or a chunk that fails to
-    decode (a checksum mismatch, bytes of the wrong size) is an ``InputError`` naming it."""
-    try:
-        array, counters = _open_for_reading(info, options)
-    except Exception as exc:  # noqa: BLE001
-        raise _read_failure(info, selection, exc) from None
-    before = StorageCounters(**counters.as_dict())
-    try:
-        block = np.ascontiguousarray(array[selection])
-    except MissingChunk as missing:
-        raise InputError(_missing_chunk_message(info, missing.key, array.shards is not None)) from None
-    except Exception as exc:  # noqa: BLE001
-        _open_for_reading.cache_clear()
-        if not is_storage_failure(exc):
-            _name_bad_chunk(info, array, selection)
-        raise _read_failure(info, selection, exc) from None
-    used = StorageCounters(
-        **{k: v - getattr(before, k) for k, v in counters.as_dict().items()}
-    )
-    return block, used
-
-
-def _read_failure(info: ArrayInfo, selection: tuple[slice, ...], exc: Exception) -> Exception:
-    where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
-    if is_storage_failure(exc):
-        return StorageError(f"inputs.{info.name}: {_failed_read(info, where, exc)}")
-    return InputError(f"inputs.{info.name}: block [{where}] of {info.uri} is corrupt: {describe_failure(exc)}")
-
-
-def _name_bad_chunk(info: ArrayInfo, array: zarr.Array, selection: tuple[slice, ...]) -> None:
-    """After a block failed to decode, read its chunks (shards) one by one to name the bad one;
-    raises ``InputError`` for it, or returns if none fails alone. Costs requests only on failure."""
-    ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(selection, info.chunks, strict=True)]
-    for index in itertools.product(*ranges):
-        region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, info.chunks, info.shape, strict=True))
-        try:
-            array[region]
-        except MissingChunk as missing:
-            raise InputError(_missing_chunk_message(info, missing.key, array.shards is not None)) from None
-        except Exception as exc:  # noqa: BLE001
-            if is_storage_failure(exc):
-                return
-            what = "shard" if array.shards is not None else "chunk"
-            cause = describe_failure(exc)
-            if "checksum do not match" in cause:  # zarr's Crc32cCodec
-                cause = "its CRC32C checksum does not match its bytes"
-            raise InputError(f"inputs.{info.name}: {what} {index} (key {_chunk_key(array, index)!r}) of {info.uri} "
-                             f"is corrupt: {cause}") from None
-
-
-def _failed_read(info: ArrayInfo, where: str, exc: BaseException, doing: str = "reading") -> str:
-    """"reading chunk c/3/0 of s3://b/X.zarr failed: 403 Forbidden", naming the chunk when
-    the failed request says which."""
-    request = failed_request(exc)
-    if request is not None:
-        method, url, cause = request
-        _, found, key = url.partition(info.location.path.rstrip("/") + "/")
-        attempts = getattr(exc, "attempts", 1)
-        tries = f" (after {attempts} attempts)" if attempts > 1 else ""
-        if found:
-            return f"{doing} chunk {key} of {info.uri} failed: {method} {cause}{tries}"
-        return f"{doing} [{where}] of {info.uri} failed: {method} {url}: {cause}{tries}"
-    return f"{doing} [{where}] of {info.uri} failed: {describe_failure(exc)}"
+    A missing chunk (unless ``info.missing_chunks`` is "fill") or a chunk that fails to decode
+    (a checksum mismatch, bytes of the wrong size) is an ``InputError`` naming it."""
+    if info.sparse is not None:
+        return read_sparse_block(info, selection, options)
+    return read_dense_block(info, selection, options)
 
 
 def read_whole(info: ArrayInfo, options: StorageOptions, metrics: Any = None) -> np.ndarray:

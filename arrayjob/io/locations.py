@@ -126,6 +126,11 @@ class SparseLayout:
     # bytes each stored chunk adds beyond its elements (4: a CRC32C codec), per array
     chunk_overhead: tuple[int, int, int] = (0, 0, 0)
 
+    @property
+    def axis(self) -> int:
+        """The axis ``indptr`` runs along and blocks are cut across: rows (0) in CSR, columns (1) in CSC."""
+        return 0 if self.format == "csr" else 1
+
     def nnz_between(self, start: int, stop: int, row_chunk: int, rows: int) -> int:
         """Non-zeros of rows [start, stop): both ends multiples of ``row_chunk`` or ``rows``."""
         return self._offset(stop, row_chunk, rows) - self._offset(start, row_chunk, rows)
@@ -165,7 +170,7 @@ class ArrayInfo:
     def nbytes(self) -> int:
         """The bytes the array takes in memory (a sparse one: its three arrays)."""
         if self.sparse is not None:
-            return self._sparse_bytes(self.sparse.nnz, self.shape[0])
+            return self._sparse_bytes(self.sparse.nnz, self.shape[self.sparse.axis])
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
     def _sparse_bytes(self, nnz: int, rows: int) -> int:
@@ -178,8 +183,9 @@ class ArrayInfo:
         """The bytes block ``selection`` takes in memory once read."""
         if self.sparse is None:
             return math.prod(s.stop - s.start for s in selection) * np.dtype(self.dtype).itemsize
-        rows = selection[0]
-        return self._sparse_bytes(self.sparse.nnz_between(rows.start, rows.stop, self.chunks[0], self.shape[0]),
+        axis = self.sparse.axis
+        rows = selection[axis]
+        return self._sparse_bytes(self.sparse.nnz_between(rows.start, rows.stop, self.chunks[axis], self.shape[axis]),
                                   rows.stop - rows.start)
 
     def block_reads(self, selection: tuple[slice, ...]) -> tuple[int, int]:
@@ -190,9 +196,11 @@ class ArrayInfo:
             requests = math.prod(math.ceil(s.stop / c) - s.start // c
                                  for s, c in zip(selection, self.chunks, strict=True))
             return self.block_nbytes(selection), requests
-        layout, rows = self.sparse, selection[0]
-        lo = layout.nnz_between(0, rows.start, self.chunks[0], self.shape[0])
-        hi = lo + layout.nnz_between(rows.start, rows.stop, self.chunks[0], self.shape[0])
+        layout = self.sparse
+        axis = layout.axis
+        rows, row_chunk, n = selection[axis], self.chunks[axis], self.shape[axis]
+        lo = layout.nnz_between(0, rows.start, row_chunk, n)
+        hi = lo + layout.nnz_between(rows.start, rows.stop, row_chunk, n)
         nbytes = requests = 0
         for (start, stop), chunk, dtype, overhead in (
                 ((rows.start, rows.stop + 1), layout.indptr_chunk, layout.indptr_dtype, layout.chunk_overhead[2]),

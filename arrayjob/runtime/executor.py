@@ -103,20 +103,24 @@ class Executor(ABC):
         """Drop what the executor keeps outside the object store (a spill of streamed blocks)."""
 
 
-def load_and_check(source: InputArray, index: tuple[int, ...], options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
-    """Read one block of a source and check it; runs wherever the block is to live."""
+def load_and_check(source: InputArray, index: tuple[int, ...], options: StorageOptions) -> tuple[Any, dict[str, Any]]:
+    """Read one block of a source and check it; runs wherever the block is to live. A block
+    of a sparse source is a SciPy CSR matrix: its stored values are checked, and its bytes
+    are those of its three arrays."""
     selection = source.grid.selection(index)
     retries = storage_retries()
     block, counters = read_block(source.array, selection, options)
     retries = storage_retries() - retries  # this process runs one read at a time
     where = ", ".join(f"{s.start}:{s.stop}" for s in selection)
-    if block.dtype.kind in "fc" and not np.isfinite(block).all():
+    values = block if isinstance(block, np.ndarray) else block.data
+    if values.dtype.kind in "fc" and not np.isfinite(values).all():
         raise InputError(f"inputs.{source.array.name}: NaN or infinite values in [{where}] of {source.array.uri}")
     if source.check is not None:
         problem = kernels.run(source.check.fn, block)
         if problem:
             raise InputError(f"inputs.{source.array.name}: {problem} in [{where}] of {source.array.uri}")
-    return block, {"nbytes": int(block.nbytes), "storage_retries": retries, **counters.as_dict()}
+    held = values.nbytes if isinstance(block, np.ndarray) else values.nbytes + block.indices.nbytes + block.indptr.nbytes
+    return block, {"nbytes": int(held), "storage_retries": retries, **counters.as_dict()}
 
 
 class LocalExecutor(Executor):
