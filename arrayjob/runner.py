@@ -24,7 +24,7 @@ from arrayjob.io.checkpoint import Checkpoints, CheckpointStore, kill_point
 from arrayjob.io.locations import ArrayInfo, StorageCounters
 from arrayjob.io.output import JobOutput
 from arrayjob.io.sparse import is_sparse_group, open_sparse_info
-from arrayjob.jobs import get_job
+from arrayjob.jobs import JOBS, get_job
 from arrayjob.jobs.base import Job, JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import Residency, StreamRates
@@ -57,7 +57,8 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str
     it reads its ``indptr`` whole, counted into ``reads``.
     """
     arrays = {}
-    members = get_job(spec.algorithm).group_inputs
+    job = get_job(spec.algorithm)
+    members = job.group_inputs
     for name, location in spec.inputs.items():
         missing = spec.missing_chunks.get(name, "error")
         try:
@@ -68,7 +69,12 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str
                     key = f"{name}.{member}"
                     arrays[key] = open_array_info(key, location.join(member), spec.storage, missing_chunks=missing)
                 continue
-            if "is a Zarr group" in str(exc) and is_sparse_group(location, spec.storage):
+            encoding = "is a Zarr group" in str(exc) and is_sparse_group(location, spec.storage)
+            if encoding and name not in job.sparse_inputs:  # refused before reading its indptr
+                takes = sorted(n for n, j in JOBS.items() if j.sparse_inputs)
+                raise InputError(f"inputs.{name}: {location} is a sparse matrix ({encoding}); {spec.algorithm} "
+                                 f"takes a dense array here (sparse input: {', '.join(takes)})") from None
+            if encoding:
                 opened = open_sparse_info(name, location, spec.storage, missing_chunks=missing)
                 if reads is not None:
                     reads.add(opened.counters)
@@ -114,8 +120,10 @@ def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
     ``check_chunks`` (a run, before it plans anything): each input's first and last chunk
     exist, so metadata declaring far more data than is stored is refused at once (two HEAD
     requests per input; ``plan`` and ``estimate`` read metadata only)."""
-    arrays = open_inputs(spec)
+    reads = StorageCounters()
+    arrays = open_inputs(spec, reads)
     job = get_job(spec.algorithm)(spec.params, arrays, spec.storage)  # shapes and dtypes first
+    job.metadata_reads = reads
     if check_chunks:
         check_inputs(job)
     return job
@@ -168,6 +176,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
     retries = storage_retries()  # this (driver) process's; the workers' come with their reads
     with metrics.stage("validate"):
         job = prepare(spec)
+        metrics.count_storage(job.metadata_reads)  # a sparse input's indptr, read to plan its blocks
         prices = load_prices()
         instance = prices.instance(instance_type or spec.cluster.node_type or "local")
         scaling = sizes_cluster(spec, nodes, deadline)

@@ -389,7 +389,10 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.work.update({kind: runs * amount for kind, amount in cost.work.items()})
         stage.tasks += runs * cost.tasks
         peaks[p.stage].append(peak)
-    # arrays of the job no program reads are read whole on the driver (factor matrices, indptr)
+    # what opening the inputs read (a sparse input's indptr), then arrays of the job no program
+    # reads, read whole on the driver (factor matrices, PageRank's indptr)
+    load.bytes_read += job.metadata_reads.bytes_read
+    load.get_requests += job.metadata_reads.get_requests
     for info in getattr(job, "arrays", {}).values():
         if info.uri not in sources_seen:
             load.bytes_read += math.prod(info.shape) * np.dtype(info.dtype).itemsize

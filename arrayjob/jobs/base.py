@@ -13,7 +13,7 @@ import numpy as np
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.checkpoint import Checkpoints
-from arrayjob.io.locations import ArrayInfo, StorageOptions
+from arrayjob.io.locations import ArrayInfo, StorageCounters, StorageOptions
 from arrayjob.lazy import BlockArray, store
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.session import Session
@@ -151,6 +151,9 @@ class Job(ABC):
         self.params = params
         self.arrays = dict(arrays)
         self.storage = storage or StorageOptions()
+        # what opening the inputs read beyond their metadata (a sparse input's indptr), counted
+        # by a run and priced by an estimate as part of the job's reads
+        self.metadata_reads = StorageCounters()
         self.check_inputs()
 
     @abstractmethod

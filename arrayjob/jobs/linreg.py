@@ -53,7 +53,6 @@ from arrayjob.jobs.base import (
 from arrayjob.jobs.tsqr import QR_OF_STACK, block_rows_for, qr_block_cost, r_of_block
 from arrayjob.planner.kernel import Kernel
 
-
 # A sparse X with at most this many columns is solved by the normal equations (its d × d
 # Gram matrix fits the driver: 128 MB), a wider one by conjugate gradients.
 NORMAL_MAX_FEATURES = 4096

@@ -14,20 +14,22 @@ from typing import Any
 
 import numpy as np
 
+from arrayjob.kernels import sparse
 from arrayjob.kernels.compiler import Program, last_uses
 from arrayjob.kernels.primitives import evaluate
 from arrayjob.planner.physical import BlockKernel
 
-Signature = tuple[tuple[tuple[int, ...], str], ...]
+Signature = tuple[tuple[tuple[int, ...], str, str | None], ...]
 
 
 class CompiledPrograms:
     """The programs compiled in this process, by kernel structure and argument signature.
 
-    The key is the whole ``BlockKernel`` (its steps, constants included) and the shapes and
-    dtypes of the arguments: everything a compiled program depends on. A worker unpickles
-    a fresh copy of the kernel for every task and must not compile it again; the least
-    recently used kernels are dropped past ``capacity``.
+    The key is the whole ``BlockKernel`` (its steps, constants included) and the shapes,
+    dtypes and sparse formats of the arguments: everything a compiled program's results
+    depend on (a sparse block's count of non-zeros only decides, on the first block, whether
+    a row loop pays). A worker unpickles a fresh copy of the kernel for every task and must
+    not compile it again; the least recently used kernels are dropped past ``capacity``.
     """
 
     def __init__(self, capacity: int = 256) -> None:
@@ -35,8 +37,8 @@ class CompiledPrograms:
         self._programs: OrderedDict[BlockKernel, dict[Signature, Any]] = OrderedDict()
 
     def get(self, kernel: BlockKernel, args: tuple[Any, ...]) -> Any:
-        signature = tuple((tuple(np.shape(a)), str(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype))
-                          for a in args)
+        signature = tuple((tuple(np.shape(a)), str(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype),
+                           a.format if sparse.issparse(a) else None) for a in args)
         programs = self._programs.pop(kernel, None) or {}
         self._programs[kernel] = programs
         while len(self._programs) > self.capacity:

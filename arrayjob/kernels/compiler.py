@@ -25,6 +25,11 @@ runs the kernel, once per argument shapes and dtypes):
    cut into rows, everything else per row a scalar (the logistic loss and gradient), is
    generated as one numba loop over the rows instead of pieces.
 
+A sparse argument (``scipy.sparse``, ``Program.sparse``) is never made dense here: it is no
+leaf of a numexpr expression, no input of a loop rewrite and never cut into row chunks. As
+the wide argument of a row loop it is read as CSR, non-zeros only, for any block with at
+least ``SPARSE_LOOP_MIN_BYTES`` of them; otherwise its steps run one call each.
+
 ``Program(kernel, args)`` is the compiled form; ``block_kernel.CompiledPrograms`` caches it.
 """
 
@@ -64,6 +69,11 @@ LOOP_MIN_BYTES = 64 * 2**20
 # same rule; under one, the finer blocks of a big job keep its loops (without them a 51 MB
 # block of the logistic kernel took 9.7 ms against 3.8, K-means' 21 against 6.5)
 LOOP_MIN_WORKER_BYTES = 2 * LOOP_MIN_BYTES
+# A sparse block runs as a row loop over its non-zeros whenever its program fits one,
+# whatever LOOP_MIN_BYTES says: the alternative is a SciPy call per product, each a pass over
+# the block. Only a block holding less than this (values and indices) is left to them,
+# as numba's start would cost more than the loop saves.
+SPARSE_LOOP_MIN_BYTES = 2**20
 MIN_EXPRESSION_SIZE = 2048  # elements; below this a NumPy call is cheaper than numexpr's
 LOG2 = "0.6931471805599453"
 
@@ -82,6 +92,7 @@ class Program:
 
         self.kernel = kernel
         n_args = kernel.n_args
+        self.sparse = frozenset(s for s, a in enumerate(args) if sparse.issparse(a))
         shapes: list[tuple[int, ...]] = [tuple(np.shape(a)) for a in args]
         dtypes: list[str] = [str(np.asarray(a).dtype) if not hasattr(a, "dtype") else str(a.dtype) for a in args]
         for step in kernel.steps:
@@ -89,19 +100,33 @@ class Program:
             shapes.append(() if step.op is Op.CONST else infer_shape(step.op, ins, step.attrs))
             dtypes.append(step.dtype)
         self.shapes, self.dtypes = shapes, dtypes
-        self.sparse = _sparse_slots(kernel, args)
-        largest = max((math.prod(shapes[s]) * np.dtype(dtypes[s]).itemsize for s in range(n_args)), default=0)
-        loops = largest >= LOOP_MIN_BYTES or getattr(kernel, "worker_bytes", 0) >= LOOP_MIN_WORKER_BYTES
-        # the one-hot and arg-reduction loops read dense blocks; sparse steps run on SciPy
-        self.rewrites = rewrites(kernel, shapes, dtypes) if loops and not self.sparse else {}
+        sizes = [sparse.nbytes(args[s]) if s in self.sparse else math.prod(shapes[s]) * np.dtype(dtypes[s]).itemsize
+                 for s in range(n_args)]
+        loops = max(sizes, default=0) >= LOOP_MIN_BYTES or getattr(kernel, "worker_bytes", 0) >= LOOP_MIN_WORKER_BYTES
+        self.may_be_sparse = _may_be_sparse(kernel, self.sparse)
+        self.rewrites = {i: r for i, r in (rewrites(kernel, shapes, dtypes) if loops else {}).items()
+                         if not self.may_be_sparse.intersection(r.inputs)}  # the loops take dense arrays
         self.packed = packed(kernel, self.rewrites, shapes)  # in extra slots after the steps'
         for pack in self.packed:
             shapes.append(pack.shape)
             dtypes.append("float64")
         self.ops = _live(self._ops(evaluate), set(kernel.outputs))
         self.done_after = last_uses([op.inputs for op in self.ops], keep={*kernel.outputs, *range(n_args)})
+        # chunks of a sparse block would go through NumPy's calls, which take dense arrays
         self.chunking = RowChunking.of(self) if len(self.ops) > 1 and not self.sparse else None
-        self.row_loop = rowloop.build(self, self.chunking.carrier) if loops and self.chunking is not None else None
+        if self.sparse:
+            self.row_loop = self._sparse_row_loop(args)
+        else:
+            self.row_loop = rowloop.build(self, self.chunking.carrier) if loops and self.chunking is not None else None
+
+    def _sparse_row_loop(self, args: Sequence[Any]) -> Callable[[list[Any]], None] | None:
+        """The row loop over the non-zeros of the one sparse argument, unless its block is tiny."""
+        if len(self.sparse) != 1:
+            return None
+        (carrier,) = self.sparse
+        if sparse.nbytes(args[carrier]) < SPARSE_LOOP_MIN_BYTES:
+            return None
+        return rowloop.build(self, carrier)
 
     # -- expressions ---------------------------------------------------------------------
     def _expressible(self, i: int) -> bool:
@@ -109,7 +134,7 @@ class Program:
         if NumExpr is None or not isinstance(step.attrs, Map) or step.attrs.fn not in TEMPLATES:
             return False
         slot = self.kernel.n_args + i
-        if math.prod(self.shapes[slot]) < MIN_EXPRESSION_SIZE or any(s in self.sparse for s in step.inputs):
+        if math.prod(self.shapes[slot]) < MIN_EXPRESSION_SIZE or self.may_be_sparse.intersection(step.inputs):
             return False
         ins = [self.dtypes[s] for s in step.inputs]
         if any(d not in NE_TYPES for d in ins):
@@ -230,10 +255,10 @@ class Program:
         return [vals[o] for o in self.kernel.outputs]
 
 
-def _sparse_slots(kernel: Any, args: Sequence[Any]) -> frozenset[int]:
-    """The slots that hold sparse blocks: sparse arguments, and the steps on them that keep
-    them sparse (``ops.keeps_sparse``, the planner's rule)."""
-    found = {s for s, a in enumerate(args) if sparse.issparse(a)}
+def _may_be_sparse(kernel: Any, sparse: frozenset[int]) -> frozenset[int]:
+    """The slots that may hold a sparse matrix: the sparse arguments and the steps on them
+    that keep them sparse (``ops.keeps_sparse``, the planner's rule: X * 2, Xᵀ)."""
+    found = set(sparse)
     if found:
         for i, step in enumerate(kernel.steps):
             if keeps_sparse(step.op, step.attrs, [s in found for s in step.inputs]):

@@ -8,6 +8,10 @@ instead of two BLAS matrix-vector calls and a numexpr pass per cache-sized piece
 logistic loss and gradient of a 100,000 × 64 block: 12.5 ms as pieces, about one pass over
 the block (4 ms) as a loop.
 
+X may be a CSR block (``scipy.sparse``, ``Program.sparse``): then the loop over a row's
+columns visits its non-zeros only (``row_layouts.CSRRows``), ``X @ w`` a sparse dot product
+and ``Xᵀ @ v`` a scatter into a d-vector, and X is never made dense.
+
 Steps that don't depend on the rows run before the loop and steps that need a finished sum
 after it, both with NumPy. A program with any other kind of step (elementwise on X, a
 product of X with a matrix, integer arithmetic) is not rewritten (``build`` returns None).
@@ -35,22 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from arrayjob.kernels.row_layouts import ROW_INDEX, CSRRows, DenseRows, RowLayout
+from arrayjob.kernels.row_layouts import call as _call
+from arrayjob.kernels.row_layouts import load as _load
+from arrayjob.kernels.row_layouts import store as _store
 from arrayjob.planner.ops import COMPARISONS, ELEMENTWISE, Einsum, Map, Reduce
-
-
-def _load(name: str) -> ast.Name:
-    return ast.Name(name, ast.Load())
-
-
-def _store(name: str) -> ast.Name:
-    return ast.Name(name, ast.Store())
-
-
-def _call(function: str, *args: ast.expr) -> ast.Call:
-    """``function(*args)``; ``function`` may be dotted (``math.exp``)."""
-    module, _, name = function.rpartition(".")
-    func: ast.expr = ast.Attribute(_load(module), name, ast.Load()) if module else _load(name)
-    return ast.Call(func, list(args), [])
 
 
 def _function(name: str) -> Callable[..., ast.expr]:
@@ -84,7 +77,6 @@ SCALAR: dict[str, Callable[..., ast.expr]] = {
 }
 MATRIX, ROW, PRE, ACC, POST = "matrix", "row", "pre", "acc", "post"
 FLOAT = "float64"
-ROW_INDEX, COLUMN_INDEX = "i", "c"
 
 HELPERS = '''
 import math
@@ -168,8 +160,11 @@ class _RowLoop:
     def __init__(self, program: Any, carrier: int, rewrites: Sequence[Rewrite] | None = None) -> None:
         self.kernel, self.shapes, self.dtypes = program.kernel, program.shapes, program.dtypes
         n_args = self.kernel.n_args
-        shape = self.shapes[carrier]
-        if len(shape) != 2 or self.dtypes[carrier] != FLOAT:
+        shape, sparse = self.shapes[carrier], program.sparse
+        if sparse - {carrier}:
+            raise _Unfit  # a sparse argument is read in one place only: the carrier
+        self.layout: RowLayout = CSRRows() if carrier in sparse else DenseRows()
+        if len(shape) != 2 or self.dtypes[carrier] not in self.layout.dtypes:
             raise _Unfit
         self.carrier, (self.n, self.d) = carrier, shape
         self.role: dict[int, str] = {}
@@ -246,14 +241,15 @@ class _RowLoop:
                 raise _Unfit
             if rb == PRE and other == x[1] and out == x[0] and self.shapes[sb] == (self.d,):
                 self.role[slot] = ROW  # X @ w: a dot product per row
-                w_c = ast.Subscript(_load(f"p{sb}"), _load(COLUMN_INDEX), ast.Load())
-                self.body += [_assign(target, ast.Constant(0.0)),
-                              _over_columns(_add_to(_store(target), ast.BinOp(_x_ic(), ast.Mult(), w_c)))]
+                w_c = ast.Subscript(_load(f"p{sb}"), self.layout.column(), ast.Load())
+                product = ast.BinOp(self.layout.value(), ast.Mult(), w_c)
+                self.body += [_assign(target, ast.Constant(0.0)), self.layout.over_row(_add_to(_store(target), product))]
             elif rb == ROW and other == x[0] and out == x[1] and len(self.shapes[sb]) == 1:
                 self.role[slot] = ACC  # Xᵀ @ v: accumulated
                 self.accumulators.append((slot, "vector"))
-                t_c = ast.Subscript(_load(target), _load(COLUMN_INDEX), ast.Store())
-                self.body.append(_over_columns(_add_to(t_c, ast.BinOp(_x_ic(), ast.Mult(), self._value(sb)))))
+                t_c = ast.Subscript(_load(target), self.layout.column(), ast.Store())
+                product = ast.BinOp(self.layout.value(), ast.Mult(), self._value(sb))
+                self.body.append(self.layout.over_row(_add_to(t_c, product)))
             else:
                 raise _Unfit
         elif isinstance(attrs, Reduce) and attrs.fn == "sum" and roles == [ROW] and step.dtype == FLOAT:
@@ -272,11 +268,10 @@ class _RowLoop:
 
     # -- the generated function ---------------------------------------------------------------
     def tree(self) -> ast.Module:
-        """HELPERS, then ``row_loop(X, a…, p…)``: one ``for`` over the rows, returning the
-        accumulators."""
-        params = ["X", *(f"a{s}" for s in self.rows), *(f"p{s}" for s in self.pres)]
-        shape = ast.Assign([ast.Tuple([_store("n"), _store("d")], ast.Store())],
-                           ast.Attribute(_load("X"), "shape", ast.Load()))
+        """HELPERS, then ``row_loop(X, a…, p…)`` (``row_loop(Xd, Xi, Xp, d, a…, p…)`` over a
+        CSR block): one ``for`` over the rows, returning the accumulators."""
+        params = [*self.layout.params, *(f"a{s}" for s in self.rows), *(f"p{s}" for s in self.pres)]
+        shape = self.layout.header()
         zeros = [_assign(f"t{s}", ast.Constant(0.0) if kind == "scalar" else _call("np.zeros", _load("d")))
                  for s, kind in self.accumulators]
         rows = ast.For(_store(ROW_INDEX), _call("range", _load("n")), self.body, [])
@@ -298,16 +293,17 @@ class _RowLoop:
         accumulators = [s for s, _ in self.accumulators]
         pre_steps, post_steps = self.steps_pre, self.steps_post
         scalar = {s for s in pres if math.prod(self.shapes[s]) == 1}
+        carrier, layout = self.carrier, self.layout
 
         def run(vals: list[Any]) -> None:
             for s in pre_steps:
                 step = kernel.steps[s - n_args]
                 vals[s] = evaluate(step, [vals[j] for j in step.inputs])
-            X = np.ascontiguousarray(vals[self.carrier])
-            args: list[Any] = [np.ascontiguousarray(vals[s]) for s in rows]
+            args: list[Any] = layout.arguments(vals[carrier])
+            args += [np.ascontiguousarray(vals[s]) for s in rows]
             args += [float(np.asarray(vals[s]).reshape(())) if s in scalar
                      else np.ascontiguousarray(vals[s], dtype=np.float64) for s in pres]
-            for s, total in zip(accumulators, loop(X, *args), strict=True):
+            for s, total in zip(accumulators, loop(*args), strict=True):
                 vals[s] = np.asarray(total)
             for s in post_steps:
                 step = kernel.steps[s - n_args]
@@ -322,15 +318,6 @@ def _assign(target: str, value: ast.expr) -> ast.Assign:
 
 def _add_to(target: ast.Name | ast.Subscript, value: ast.expr) -> ast.AugAssign:
     return ast.AugAssign(target, ast.Add(), value)
-
-
-def _over_columns(*body: ast.stmt) -> ast.For:
-    return ast.For(_store(COLUMN_INDEX), _call("range", _load("d")), list(body), [])
-
-
-def _x_ic() -> ast.Subscript:
-    """``X[i, c]``"""
-    return ast.Subscript(_load("X"), ast.Tuple([_load(ROW_INDEX), _load(COLUMN_INDEX)], ast.Load()), ast.Load())
 
 
 def _jit() -> ast.Call:

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrayjob.planner.ops import Blockwise, Einsum, Op, OpAttrs, Reduce, Source, Transpose, keeps_sparse
+from arrayjob.planner.ops import (
+    Blockwise,
+    Einsum,
+    Op,
+    OpAttrs,
+    Reduce,
+    Source,
+    Transpose,
+    keeps_sparse,
+)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ store      ``Store``       write the input's blocks into a Zarr array; the value
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np

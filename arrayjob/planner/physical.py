@@ -13,8 +13,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
-
 from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.planner.kernel import Kernel, KernelBody
 from arrayjob.planner.ops import Op, OpAttrs

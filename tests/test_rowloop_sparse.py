@@ -1,0 +1,195 @@
+"""Row loops over CSR blocks (``kernels/row_layouts.CSRRows``): the loop visits the
+non-zeros only and agrees with the dense NumPy evaluation of the same program."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from arrayjob import kernels
+from arrayjob import lazy as la
+from arrayjob.kernels import compiler, rowloop
+from arrayjob.kernels.block_kernel import CompiledPrograms
+from arrayjob.kernels.row_layouts import CSRRows, DenseRows
+from tests.helpers import block_kernel
+
+N, D, PER_ROW = 5000, 20_000, 20
+EMPTY_EVERY = 7  # every 7th row has no non-zeros
+
+
+def _csr(dtype: str, index: str, seed: int = 3) -> sp.csr_matrix:
+    """N × D, PER_ROW entries a row at columns drawn with repeats and unsorted (SciPy sums
+    repeated entries; the loop must too), every EMPTY_EVERY-th row empty, and the first 50
+    rows' margins far into exp's overflow."""
+    rng = np.random.default_rng(seed)
+    counts = np.full(N, PER_ROW)
+    counts[::EMPTY_EVERY] = 0
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    data = rng.standard_normal(indptr[-1])
+    data[: indptr[50]] *= 1e3
+    X = sp.csr_matrix((data.astype(dtype), rng.integers(0, D, indptr[-1]), indptr), shape=(N, D))
+    X.indices, X.indptr = X.indices.astype(index), X.indptr.astype(index)  # SciPy narrows them
+    assert X.indices.dtype == index and X.data.dtype == dtype and not X.has_sorted_indices
+    return X
+
+
+def _data(X: sp.csr_matrix) -> dict[str, object]:
+    rng = np.random.default_rng(5)
+    return {"X": X, "w": rng.standard_normal(D), "y": (rng.random(N) > 0.5) * 1.0, "b": np.float64(0.25)}
+
+
+def _logistic(n=N, d=D):
+    """The logistic loss and its gradient (``jobs/logreg.py``), as ``test_rowloop`` has it."""
+    x, y, w, b = la.value("X", (n, d)), la.value("y", (n,)), la.value("w", (d,)), la.value("b", ())
+    sign = 2.0 * y - 1.0
+    margin = sign * (x @ w + b)
+    dz = -sign * la.sigmoid(-margin)
+    return [la.sum(la.logaddexp(0.0, -margin)), x.T @ dz, la.sum(dz)]
+
+
+def _least_squares():
+    """Linear regression's gradient Xᵀ(Xw − y), and its loss."""
+    x, y, w = la.value("X", (N, D)), la.value("y", (N,)), la.value("w", (D,))
+    r = x @ w - y
+    return [x.T @ r, la.sum(r * r)]
+
+
+def _program(outputs, values):
+    kernel, args = block_kernel(outputs, values)
+    program = compiler.Program(kernel, args)
+    (carrier,) = program.sparse
+    return kernel, args, program, carrier
+
+
+def _run_loop(outputs, values):
+    """The outputs of the row loop over the CSR block, called directly (not through the
+    compiler's size rule)."""
+    kernel, args, program, carrier = _program(outputs, values)
+    run = rowloop.build(program, carrier)
+    assert run is not None
+    vals = list(args) + [None] * (len(program.shapes) - len(args))
+    with np.errstate(all="ignore"):
+        run(vals)
+    return [vals[o] for o in kernel.outputs]
+
+
+def _dense_reference(outputs, values, rows=1000):
+    """The program on NumPy step by step (``kernels.interpret``) with X dense, 1,000 rows at a
+    time (every output is a sum over the rows) so no N × D array is made at once. Made dense
+    in float64, as NumPy's products with w take it: ``toarray`` would round the sum of a
+    row's repeated float32 entries to float32, where SciPy's product and the loop do not."""
+    kernel, args = block_kernel(outputs, values)
+    X = values["X"]
+    carrier = next(a for a, v in enumerate(args) if v is X)
+    total = None
+    for lo in range(0, N, rows):
+        piece = [X[lo:lo + rows].astype(np.float64).toarray() if a == carrier else v[lo:lo + rows] if np.ndim(v) and len(v) == N else v
+                 for a, v in enumerate(args)]
+        with np.errstate(all="ignore"):
+            got = kernels.interpret(kernel, *piece)
+        got = list(got) if isinstance(got, tuple) else [got]
+        total = got if total is None else [t + g for t, g in zip(total, got, strict=True)]
+    assert total is not None
+    return total
+
+
+def _assert_close(got, want):
+    # relative to each output's largest entry: a gradient entry summed from terms of both signs
+    # has an error relative to its terms, not to itself
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12 * np.abs(w).max())
+        assert np.shape(g) == np.shape(w)
+
+
+@pytest.mark.parametrize("index", ["int32", "int64"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("program", [_logistic, _least_squares])
+def test_the_loop_over_non_zeros_equals_the_dense_evaluation(program, dtype, index):
+    values = _data(_csr(dtype, index))
+    _assert_close(_run_loop(program(), values), _dense_reference(program(), values))
+
+
+@pytest.mark.parametrize(("layout", "as_block"), [(DenseRows, sp.csr_matrix.toarray), (CSRRows, sp.csr_matrix.tocsr)],
+                         ids=["dense", "csr"])
+def test_every_layout_makes_the_same_loop_of_one_program(layout, as_block):
+    n, d = 300, 40
+    X = sp.random(n, d, density=0.2, format="csr", random_state=2)
+    rng = np.random.default_rng(2)
+    values = {"X": as_block(X), "w": rng.standard_normal(d), "y": (rng.random(n) > 0.5) * 1.0, "b": np.float64(0.1)}
+    kernel, args = block_kernel(_logistic(n, d), values)
+    carrier = next(a for a, v in enumerate(args) if v is values["X"])
+    loop = rowloop._RowLoop(compiler.Program(kernel, args), carrier)
+    assert type(loop.layout) is layout
+    vals = list(args) + [None] * len(kernel.steps)
+    loop.runner()(vals)
+    want = kernels.interpret(kernel, *[X.toarray() if a == carrier else v for a, v in enumerate(args)])
+    _assert_close([vals[o] for o in kernel.outputs], want)
+
+
+def test_a_csc_block_is_read_as_csr():
+    values = _data(_csr("float64", "int32"))
+    want = _run_loop(_logistic(), values)
+    got = _run_loop(_logistic(), values | {"X": values["X"].tocsc()})
+    _assert_close(got, want)
+
+
+def test_the_generated_loop_visits_the_non_zeros_of_each_row():
+    _, _, program, carrier = _program(_logistic(), _data(_csr("float64", "int32")))
+    tree = rowloop._RowLoop(program, carrier).tree()
+    compile(tree, "<row loop>", "exec")
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "row_loop")
+    assert [a.arg for a in function.args.args][:4] == ["Xd", "Xi", "Xp", "d"]
+    (rows,) = [s for s in function.body if isinstance(s, ast.For)]
+    inner = [s for s in rows.body if isinstance(s, ast.For)]
+    assert [ast.unparse(s.iter) for s in inner] == ["range(Xp[i], Xp[i + 1])"] * 2
+    dot, scatter = (ast.unparse(s.body) for s in inner)
+    assert re.fullmatch(r"t\d+ \+= Xd\[k\] \* p\d+\[Xi\[k\]\]", dot)  # X @ w
+    assert re.fullmatch(r"t\d+\[Xi\[k\]\] \+= Xd\[k\] \* t\d+", scatter)  # Xᵀ @ dz
+    names = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
+    assert "X" not in names  # nothing of X's dense shape is read
+
+
+def test_elementwise_steps_on_x_are_no_row_loop():
+    x, w = la.value("X", (N, D)), la.value("w", (D,))
+    values = _data(_csr("float64", "int32"))
+    _, _, program, carrier = _program([(x * x).sum(axis=0), x.T @ (x @ w)], values)
+    assert rowloop.build(program, carrier) is None
+    assert program.row_loop is None
+
+
+def test_the_compiler_takes_the_loop_for_a_sparse_block_of_any_dense_size(monkeypatch):
+    monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 2**62)  # whatever the dense rule says
+    X = _csr("float64", "int32")
+    stored = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", stored)
+    kernel, args, program, _ = _program(_logistic(), _data(X))
+    assert program.row_loop is not None and program.chunking is None
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", stored + 1)  # a tiny block: SciPy's calls
+    assert compiler.Program(kernel, args).row_loop is None
+
+
+def test_a_sparse_argument_is_no_leaf_of_a_numexpr_expression():
+    n, d = 300, 40  # 12,000 elements: an expression, were X dense
+    x = la.value("X", (n, d))
+    X = sp.random(n, d, density=0.1, format="csr", random_state=0)
+    expressions = []
+    for block in (X.toarray(), X):
+        kernel, args = block_kernel([la.exp(x * 2.0).sum(axis=0)], {"X": block})
+        program = compiler.Program(kernel, args)
+        expressions.append([op.expression for op in program.ops if op.expression])
+    assert expressions[0] and not expressions[1]
+
+
+def test_a_sparse_and_a_dense_block_of_one_shape_are_two_programs():
+    n, d = 300, 40
+    X = sp.random(n, d, density=0.1, format="csr", random_state=0)
+    values = {"X": X, "w": np.ones(d), "y": np.ones(n), "b": np.float64(0.0)}
+    kernel, args = block_kernel(_logistic(n, d), values)
+    dense = [X.toarray() if a is X else a for a in args]
+    programs = CompiledPrograms()
+    assert programs.get(kernel, tuple(args)) is not programs.get(kernel, tuple(dense))
+    assert programs.get(kernel, tuple(args)).sparse and not programs.get(kernel, tuple(dense)).sparse
