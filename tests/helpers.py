@@ -22,15 +22,16 @@ def storage_options(uri: str, endpoint: str | None) -> dict[str, Any] | None:
 
 
 def write_array(uri: str, data: np.ndarray, chunks: tuple[int, ...], *, endpoint: str | None = None,
-                zarr_format: int = 3) -> None:
+                zarr_format: int = 3, compressors: Any = "auto") -> None:
     """Write ``data`` with plain zarr, as a user's own pipeline would."""
     z = zarr.create_array(uri, shape=data.shape, chunks=chunks, dtype=data.dtype, zarr_format=zarr_format,
-                          overwrite=True, storage_options=storage_options(uri, endpoint))
+                          overwrite=True, storage_options=storage_options(uri, endpoint), compressors=compressors)
     z[...] = data
 
 
 def write_csr_group(uri: str, matrix, chunks: tuple[int, int, int] = (1000, 1000, 1000), *,
-                    endpoint: str | None = None, zarr_format: int = 3, encoding: str = "csr_matrix") -> None:
+                    endpoint: str | None = None, zarr_format: int = 3, encoding: str = "csr_matrix",
+                    compressors: Any = "auto") -> None:
     """Write a SciPy CSR (or CSC) matrix as AnnData lays one out in Zarr, with plain zarr: a
     group with ``encoding-type``, ``encoding-version`` and ``shape``, and 1-D ``data``,
     ``indices`` and ``indptr`` chunked as given (a user's own pipeline, not arrayjob's)."""
@@ -38,7 +39,8 @@ def write_csr_group(uri: str, matrix, chunks: tuple[int, int, int] = (1000, 1000
     group.attrs.update({"encoding-type": encoding, "encoding-version": "0.1.0", "shape": list(matrix.shape)})
     for name, chunk in zip(("data", "indices", "indptr"), chunks, strict=True):
         values = getattr(matrix, name)
-        array = group.create_array(name, shape=values.shape, chunks=(chunk,), dtype=values.dtype)
+        array = group.create_array(name, shape=values.shape, chunks=(chunk,), dtype=values.dtype,
+                                   compressors=compressors)
         array[...] = values
 
 

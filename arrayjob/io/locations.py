@@ -195,7 +195,11 @@ class ArrayInfo:
         if self.sparse is None:
             requests = math.prod(math.ceil(s.stop / c) - s.start // c
                                  for s, c in zip(selection, self.chunks, strict=True))
-            return self.block_nbytes(selection), requests
+            if all(s.start % c == 0 and (s.stop % c == 0 or s.stop == n)
+                   for s, c, n in zip(selection, self.chunks, self.shape, strict=True)):
+                return self.block_nbytes(selection), requests  # whole chunks: what the block holds
+            # a block cut across chunks (y read along X's row blocks) reads each chunk it touches whole
+            return requests * math.prod(self.chunks) * np.dtype(self.dtype).itemsize, requests
         layout = self.sparse
         axis = layout.axis
         rows, row_chunk, n = selection[axis], self.chunks[axis], self.shape[axis]
