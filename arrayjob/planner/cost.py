@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from arrayjob.planner.ir import infer_shape
-from arrayjob.planner.ops import ELEMENTWISE, Einsum, Map, Op, Reduce
+from arrayjob.planner.ops import ELEMENTWISE, Einsum, Map, Op, Reduce, keeps_sparse
 from arrayjob.planner.physical import (
     Arg,
     BlockKernel,
@@ -47,7 +47,7 @@ from arrayjob.planner.physical import (
     TaskResult,
 )
 from arrayjob.planner.plan import Plan, WorkRates
-from arrayjob.planner.work import einsum_work, map_work
+from arrayjob.planner.work import einsum_work, map_work, sparse_einsum_work
 from arrayjob.units import size
 
 
@@ -309,8 +309,11 @@ def qr_flops(m: int, n: int) -> float:
     return max(0.0, 4.0 * m * n * k - 4.0 * k**3 / 3)
 
 
-def kernel_work(kernel: object, in_shapes: list[tuple[int, ...]]) -> Counter[str]:
-    """The work one call of ``kernel`` does on arguments of ``in_shapes``, by kind (``WORK_KINDS``)."""
+def kernel_work(kernel: object, in_shapes: list[tuple[int, ...]],
+                in_density: list[float] | None = None) -> Counter[str]:
+    """The work one call of ``kernel`` does on arguments of ``in_shapes``, by kind (``WORK_KINDS``).
+    ``in_density``: each argument's fraction of non-zeros (1: dense); a sparse argument and what
+    keeps it sparse cost their non-zeros (``ops.keeps_sparse``, ``work.sparse_einsum_work``)."""
     work: Counter[str] = Counter()
     if isinstance(kernel, Kernel):
         if kernel.cost is not None:  # a job's block function that declared its cost
@@ -321,31 +324,40 @@ def kernel_work(kernel: object, in_shapes: list[tuple[int, ...]]) -> Counter[str
         work["elementwise"] += sum(math.prod(s) for s in in_shapes)
         return work
     shapes: list[tuple[int, ...]] = list(in_shapes)
+    density = list(in_density) if in_density is not None else [1.0] * len(in_shapes)
     for step in kernel.steps:
         ins = [shapes[i] for i in step.inputs]
+        fill = [density[i] for i in step.inputs]
         attrs = step.attrs
+        sparse = keeps_sparse(step.op, attrs, [f < 1.0 for f in fill])
         if step.op is Op.CONST:
             shape: tuple[int, ...] = ()
         elif isinstance(attrs, Map):
             shape = tuple(np.broadcast_shapes(*ins))
             kind, amount = map_work(math.prod(shape), ELEMENTWISE[attrs.fn].calls)
-            work[kind] += amount
+            work[kind] += round(amount * (min(fill) if sparse else 1.0))
         elif isinstance(attrs, Reduce):
-            work["elementwise"] += math.prod(ins[0])
+            work["elementwise"] += round(math.prod(ins[0]) * fill[0])
             shape = infer_shape(step.op, ins, attrs)
         elif isinstance(attrs, Einsum):
-            kind, amount, shape = einsum_work(attrs.subscripts, ins)
-            work[kind] += amount
+            _, _, shape = einsum_work(attrs.subscripts, ins)
+            if min(fill, default=1.0) < 1.0:
+                kind, sparse_amount = sparse_einsum_work(attrs.subscripts, ins, fill)
+                work[kind] += round(sparse_amount)
+            else:
+                kind, amount, shape = einsum_work(attrs.subscripts, ins)
+                work[kind] += amount
         else:  # transpose: a view
             shape = infer_shape(step.op, ins, attrs)
         shapes.append(shape)
+        density.append(min(fill) if sparse else 1.0)
     return work
 
 
-def task_work(task: Task, in_shapes: list[tuple[int, ...]]) -> Counter[str]:
-    """The work of ``task`` on arguments of ``in_shapes``, by kind: its kernel's, and its
-    results written into the object store."""
-    work = kernel_work(task.kernel, in_shapes)
+def task_work(task: Task, in_shapes: list[tuple[int, ...]], in_density: list[float] | None = None) -> Counter[str]:
+    """The work of ``task`` on arguments of ``in_shapes`` (and ``in_density``, see
+    ``kernel_work``), by kind: its kernel's, and its results written into the object store."""
+    work = kernel_work(task.kernel, in_shapes, in_density)
     stored = sum(b for b in task.out_bytes if b >= INLINE_RESULT_BYTES)
     if stored:
         work["result_bytes"] += stored
@@ -427,7 +439,7 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
                 in_shapes.append(arg.shape)
         for p in range(task.num_outputs):
             shape_of[TaskResult(task.id, p)] = task.out_shapes[p] if task.out_shapes else ()
-        kinds = task_work(task, in_shapes)
+        kinds = task_work(task, in_shapes, [physical.density(a) for a in task.args])
         work.update(kinds)
         before = load.work[node]
         load.run(task, node)

@@ -197,6 +197,18 @@ class PhysicalPlan:
         source = self.source(block.array)
         return source.array.block_nbytes(source.grid.selection(block.index))
 
+    def density(self, arg: object) -> float:
+        """An argument's fraction of non-zeros: a sparse source block's; 1 for anything else."""
+        if not isinstance(arg, SourceBlock):
+            return 1.0
+        source = self.source(arg.array)
+        info = source.array
+        if info.sparse is None:
+            return 1.0
+        rows = source.grid.selection(arg.index)[0]
+        nnz = info.sparse.nnz_between(rows.start, rows.stop, info.chunks[0], info.shape[0])
+        return nnz / max(1, (rows.stop - rows.start) * info.shape[1])
+
     def block_read_bytes(self, block: SourceBlock) -> int:
         """The bytes reading ``block`` takes from storage: the stored chunks it touches."""
         source = self.source(block.array)

@@ -297,7 +297,8 @@ class _Placer:
         shapes = [block_shape(self.sources[a.array], a) if isinstance(a, SourceBlock)
                   else self.shapes.get(a, ()) if isinstance(a, TaskResult) else a.shape
                   for a in task.args]
-        return work_seconds(task_work(task, shapes), self.shape.work_rates)
+        return work_seconds(task_work(task, shapes, [self.physical.density(a) for a in task.args]),
+                            self.shape.work_rates)
 
     def place(self, task: Task, candidates: Iterable[int]) -> TaskResult:
         free = self.balance and isinstance(candidates, range) and len(candidates) == self.nodes
