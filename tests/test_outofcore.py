@@ -22,6 +22,9 @@ JOBS = {
                      {"solver": '"lbfgs"', "max_iter": "15"}),
     "logreg-newton": ("logreg", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"],
                       {"solver": '"newton"', "max_iter": "6"}),
+    # a sparse X (CSR, 5 non-zeros per row): its row blocks streamed and spilled like dense ones
+    "logreg-sparse": ("logreg", ["--rows", "8000", "--cols", "300", "--nnz-per-row", "5", "--chunk-rows", "1000"],
+                      {"solver": '"lbfgs"', "max_iter": "15"}),
     "kmeans": ("kmeans", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000", "--k", "4"],
                {"k": "4", "max_iter": "8"}),
     "cp_als": ("cp_als", ["--shape", "400,12,10", "--chunk-rows", "50", "--rank", "3"],
@@ -30,7 +33,7 @@ JOBS = {
     "tsqr": ("tsqr", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], {}),
     "mttkrp": ("mttkrp", ["--shape", "400,12,10", "--chunk-rows", "50", "--rank", "3"], {}),
 }
-ITERATIVE = ("logreg-lbfgs", "logreg-newton", "kmeans", "cp_als")
+ITERATIVE = ("logreg-lbfgs", "logreg-newton", "logreg-sparse", "kmeans", "cp_als")
 
 
 def spec_for(root: Path, name: str, data: str, output: str, endpoint: str | None = None) -> Path:

@@ -47,8 +47,10 @@ from tests.helpers import (
     published,
     read_result,
     run_cli,
+    sparse_logreg_data,
     without_progress,
     write_array,
+    write_csr_group,
     write_spec,
 )
 
@@ -192,8 +194,18 @@ def _cp_als(base: Path) -> dict[str, str]:
     return {"X": "X.zarr"}
 
 
+def _sparse_linreg(base: Path) -> dict[str, str]:
+    X, _ = sparse_logreg_data(1500, 400, nnz_per_row=5, seed=8)
+    y = X @ np.random.default_rng(8).standard_normal(400) + 0.5
+    write_csr_group(str(base / "X"), X, (900, 900, 400))
+    write_array(str(base / "y.zarr"), y, (500,))
+    return {"X": "X", "y": "y.zarr"}
+
+
 ALGORITHMS = {
     "lbfgs": _logreg("lbfgs"),
+    # conjugate gradients on a sparse X: its iterate, residual and direction checkpointed
+    "linreg-cg-sparse": ("linreg", _sparse_linreg, 'method = "cg"\ntol = 1e-12\n', ("objective",)),
     "newton": _logreg("newton"),
     "kmeans": ("kmeans", _kmeans, "k = 5\ntol = 1e-9\n", ("inertia",)),
     "pagerank": ("pagerank", _pagerank, "tol = 1e-9\n", ()),

@@ -389,10 +389,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         stage.work.update({kind: runs * amount for kind, amount in cost.work.items()})
         stage.tasks += runs * cost.tasks
         peaks[p.stage].append(peak)
-    # what opening the inputs read (a sparse input's indptr), then arrays of the job no program
-    # reads, read whole on the driver (factor matrices, PageRank's indptr)
-    load.bytes_read += job.metadata_reads.bytes_read
-    load.get_requests += job.metadata_reads.get_requests
+    # arrays of the job no program reads, read whole on the driver (factor matrices, PageRank's indptr)
     for info in getattr(job, "arrays", {}).values():
         if info.uri not in sources_seen:
             load.bytes_read += math.prod(info.shape) * np.dtype(info.dtype).itemsize
@@ -413,6 +410,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     connect = StageEstimate("connect", wall_seconds=profile.startup_seconds)
     shutdown = StageEstimate("shutdown", wall_seconds=profile.shutdown_seconds)
     stages = [connect, *by_stage.values(), write, shutdown]
+    reads = job.metadata_reads  # what opening the inputs read (a sparse input's indptr), as a run counts it
+    if reads.get_requests:
+        validate = StageEstimate("validate", bytes_read=reads.bytes_read, get_requests=reads.get_requests)
+        validate.wall_seconds = (reads.bytes_read / profile.storage_read_bytes_per_s  # by the driver alone
+                                 + reads.get_requests * profile.request_seconds)
+        stages.insert(0, validate)
     write.wall_seconds = _seconds(write, profile, cluster)
     # every stage: its runs' tasks scheduled, plus moving data between nodes; load also its
     # block reads scheduled, requests and driver-side reads, and the first run's warm-up

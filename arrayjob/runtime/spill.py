@@ -43,21 +43,28 @@ class StreamedRead:
     def __reduce__(self) -> tuple[Any, ...]:
         return StreamedRead, (self.source, self.index, self.spill)
 
-    def read(self, options: StorageOptions) -> tuple[np.ndarray, dict[str, Any]]:
+    def read(self, options: StorageOptions) -> tuple[Any, dict[str, Any]]:
+        sparse = self.source.array.sparse is not None
         if self.spill is not None:
             with contextlib.suppress(FileNotFoundError, ValueError, OSError):
                 # mapped, not copied: the task reads the node's page cache in place (read-only,
-                # as blocks from the object store are)
+                # as blocks from the object store are); a sparse block's three arrays likewise
+                if sparse:
+                    block = kept_spill.read(self.spill)
+                    return block, {"spill_read": self.source.array.block_nbytes(self.source.grid.selection(self.index))}
                 block = np.asarray(np.load(self.spill, mmap_mode="r", allow_pickle=False))  # a plain ndarray view
                 return block, {"spill_read": int(block.nbytes)}
         block, stats = load_and_check(self.source, self.index, options)
         if self.spill is not None:
             with contextlib.suppress(OSError):  # a full disk: the next use reads storage again
-                os.makedirs(os.path.dirname(self.spill), exist_ok=True)
-                partial = f"{self.spill}.{os.getpid()}.tmp.npy"
-                np.save(partial, block, allow_pickle=False)
-                os.replace(partial, self.spill)
-                stats["spill_written"] = int(block.nbytes)
+                if sparse:
+                    kept_spill.write(self.spill, block)
+                else:
+                    os.makedirs(os.path.dirname(self.spill), exist_ok=True)
+                    partial = f"{self.spill}.{os.getpid()}.tmp.npy"
+                    np.save(partial, block, allow_pickle=False)
+                    os.replace(partial, self.spill)
+                stats["spill_written"] = int(stats["nbytes"])
         return block, stats
 
 
