@@ -46,6 +46,9 @@ JOBS: dict[str, tuple[str, dict[str, Any], list[str], str]] = {
     "logreg": ("logreg", {"rows": 24000, "cols": 8, "chunk_rows": 1000}, ["params.max_iter=15"], "fit:1"),
     "logreg-newton": ("logreg", {"rows": 24000, "cols": 8, "chunk_rows": 1000},
                       ["params.solver=\"newton\"", "params.max_iter=6"], "fit:1"),
+    # a sparse X (CSR, 5 non-zeros a row): its row blocks rebuilt after a loss like dense ones
+    "logreg-sparse": ("logreg", {"rows": 24000, "cols": 400, "chunk_rows": 1000, "nnz_per_row": 5},
+                      ["params.max_iter=15"], "fit:1"),
     "linreg": ("linreg", {"rows": 24000, "cols": 8, "chunk_rows": 1000}, [], "fit"),
     "kmeans": ("kmeans", {"rows": 24000, "cols": 4, "chunk_rows": 1000, "k": 4}, ["params.k=4", "params.max_iter=10"],
                "fit:1"),
@@ -61,7 +64,7 @@ STAGES = ("load", "compute", "write", "comeback")
 # and linreg's (the same X and y, read by the same load). The write stage is the driver's
 # for every algorithm: under a result the driver writes and one whose big array the workers
 # wrote (TSQR's Q). A node that comes back under a driver-side and a worker-written result.
-SAME_LOAD_AS_LOGREG = ("logreg-newton", "linreg")
+SAME_LOAD_AS_LOGREG = ("logreg-newton", "logreg-sparse", "linreg")
 WRITES = ("logreg", "tsqr")
 DEFAULT_CASES = [c for j in JOBS for c in (
     *([f"{j}:load"] if j not in SAME_LOAD_AS_LOGREG else []), f"{j}:compute",
@@ -75,13 +78,18 @@ def make_data(bucket: Path) -> None:
     from arrayjob.io.locations import StorageOptions, parse_uri
 
     for name, (algorithm, args, _, _) in JOBS.items():
-        if name != algorithm:
+        if name != algorithm and not _own_data(name):
             continue  # shares its algorithm's data
         args = dict(args)
         shape = tuple(int(s) for s in args.pop("shape", "").split(",") if s)
-        request = DatagenRequest(parse_uri(str(bucket / "demo" / algorithm)), args.pop("rows"), args.pop("cols"),
+        request = DatagenRequest(parse_uri(str(bucket / "demo" / name)), args.pop("rows"), args.pop("cols"),
                                  args.pop("chunk_rows"), 0, StorageOptions(), shape=shape, **args)
         generate(algorithm, request)
+
+
+def _own_data(name: str) -> bool:
+    """A case with data of its own (a sparse X), not its algorithm's."""
+    return "nnz_per_row" in JOBS[name][1]
 
 
 def spec_for(workdir: Path, name: str, output: str, address: str) -> Any:
@@ -89,6 +97,9 @@ def spec_for(workdir: Path, name: str, output: str, address: str) -> Any:
 
     algorithm, _, overrides, _ = JOBS[name]
     env = {**os.environ, "ARRAYJOB_BUCKET": str(workdir / "data-root")}
+    if _own_data(name):  # its inputs where make_data wrote them, not its config's
+        data = workdir / "data-root" / "demo" / name
+        overrides = [*overrides, *(f"inputs.{a}={json.dumps(str(data / f'{a}.zarr'))}" for a in ("X", "y"))]
     return load_spec(REPO / "configs" / f"{algorithm}.toml", [
         *overrides, f"output.uri={json.dumps(str(workdir / 'out' / output))}",
         f"cluster.address={json.dumps(address)}",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse
 import scipy.sparse.linalg
+import zarr
 from sklearn.cluster import KMeans as SkKMeans
 from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 from sklearn.linear_model import Ridge
@@ -198,3 +199,55 @@ def test_linreg_tsqr_refuses_a_sparse_x(tmp_path):
     with pytest.raises(Exception, match="params.method: tsqr factors dense blocks and inputs.X is sparse"):
         LinearRegression(LinRegParams(method="tsqr"), _arrays(tmp_path, X, y))
 
+
+
+def _bad(member, position, value):
+    def change(group):
+        group[member][position] = value
+    return change
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize(("change", "problem"), [
+    # found by the driver, which reads indptr to plan the blocks
+    (_bad("indptr", 3, 0), "'indptr' decreases at row 2"),
+    # found by the worker that reads the block
+    (_bad("indices", 40, 500), "holds column index 500, outside [0, 300)"),
+    (_bad("data", 7, np.nan), "NaN or infinite values in"),
+])
+def test_a_bad_sparse_input_is_one_line_exit_2_and_nothing_written(workdir, capsys, change, problem):
+    X, y = sparse_logreg_data(2000, 300, nnz_per_row=6, seed=10)
+    write_csr_group(str(workdir / "X"), X, (400, 400, 300))
+    write_array(str(workdir / "y.zarr"), y, (500,))
+    change(zarr.open_group(str(workdir / "X"), mode="r+"))
+    spec = write_spec(workdir / "spec.toml", inputs={"X": str(workdir / "X"), "y": str(workdir / "y.zarr")},
+                      output=str(workdir / "out"))
+    code, out, err = run_cli(["run", str(spec)], capsys)
+    lines = without_progress(err).strip().splitlines()
+    assert (code, out, len(lines)) == (2, "", 1), err
+    assert lines[0].startswith("arrayjob: error: inputs.X: ") and problem in lines[0]
+    assert not (workdir / "out" / "_SUCCESS").exists() and not list((workdir / "out").glob("runs/*/result.zarr"))
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_racing_runs_on_a_sparse_input_publish_once(workdir, monkeypatch):
+    """Three whole kmeans runs on one sparse X and one output, in threads of one driver: one
+    runs (its workers write the labels along X's row blocks), the others find it published."""
+    from arrayjob import runner
+    from arrayjob.spec import load_spec
+    from tests.test_lease import _race
+
+    monkeypatch.setenv("ARRAYJOB_LEASE_SECONDS", "5")
+    X, _ = sparse_logreg_data(1500, 50, nnz_per_row=5, seed=11)
+    write_csr_group(str(workdir / "X"), X, (500, 500, 200))
+    spec_path = write_spec(workdir / "k.toml", inputs={"X": str(workdir / "X")}, output=str(workdir / "out"),
+                           algorithm="kmeans", params="k = 3\n")
+    specs = [load_spec(str(spec_path), []) for _ in range(3)]
+    outcomes = _race(3, lambda i: runner.run(specs[i], notify=lambda line: None))
+    assert not [o for o in outcomes if isinstance(o, Exception)], outcomes
+    ran = [o for o in outcomes if not o.skipped]
+    assert len(ran) == 1 and all(o.manifest["run_id"] == ran[0].manifest["run_id"] for o in outcomes)
+    group = read_group(f"{published(str(workdir / 'out'))}/result.zarr")
+    assert group["labels"].shape == (1500,) and group.attrs["inertia"] == pytest.approx(ran[0].result.attrs["inertia"])
