@@ -33,9 +33,15 @@ from arrayjob.jobs.base import (
     Pass,
     Runs,
     StagePlan,
+    require,
     require_features_and_targets,
 )
 from arrayjob.planner.kernel import Kernel
+from arrayjob.units import size
+
+
+# Newton's d × d Hessian comes back from every block: 512 MB at this many features
+NEWTON_MAX_FEATURES = 8192
 
 
 def _check_labels(y: np.ndarray) -> str | None:
@@ -67,6 +73,10 @@ class LogisticRegression(Job):
 
     def check_inputs(self) -> None:
         require_features_and_targets(self.arrays)
+        d = self.arrays["X"].shape[1]
+        require(self.params.solver != "newton" or d <= NEWTON_MAX_FEATURES,
+                f"params.solver: newton forms a d × d Hessian on every pass (d = {d:,}: {size(8.0 * (d + 1) ** 2)} "
+                f"per block); use lbfgs above {NEWTON_MAX_FEATURES:,} features")
 
     def describe(self) -> str:
         X = self.arrays["X"]
