@@ -75,8 +75,9 @@ test-airflow: $(VENV)/.installed-test $(AIRFLOW_VENV)/.installed
 deploy-examples: $(VENV)/.installed-test
 	$(BIN)/python deploy/examples.py
 
-# arrayjob against its peers and the machine's limits (docs/benchmarks.md). The full size
-# takes about 10 minutes on 2 cores; `make bench BENCH_SIZE=quick` a few.
+# arrayjob against its peers and the machine's limits, then jobs bigger than the object store,
+# then sparse X against scikit-learn (docs/benchmarks.md). bench.py's full size takes about 10
+# minutes on 2 cores (the sparse rows' full size is not timed yet); `make bench BENCH_SIZE=quick` a few.
 BENCH_SIZE ?= full
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench
@@ -84,6 +85,8 @@ bench: $(VENV)/.installed-bench
 		--markdown .arrayjob/bench/bench-$(BENCH_SIZE).md $(BENCH_ARGS)
 	$(BIN)/python benchmarks/outofcore.py --size $(BENCH_SIZE) --json .arrayjob/bench/outofcore-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/outofcore-$(BENCH_SIZE).md
+	$(BIN)/python benchmarks/sparse.py --size $(BENCH_SIZE) --json .arrayjob/bench/sparse-$(BENCH_SIZE).json \
+		--markdown .arrayjob/bench/sparse-$(BENCH_SIZE).md
 
 # report.html as a person sees it: the demo's published report rendered by headless Chromium
 # (Debian's package, installed if missing; the page runs no JavaScript), saved as a PNG.

@@ -193,3 +193,25 @@ def test_a_sparse_and_a_dense_block_of_one_shape_are_two_programs():
     programs = CompiledPrograms()
     assert programs.get(kernel, tuple(args)) is not programs.get(kernel, tuple(dense))
     assert programs.get(kernel, tuple(args)).sparse and not programs.get(kernel, tuple(dense)).sparse
+
+
+@pytest.mark.parametrize("program", [_logistic, _least_squares])
+def test_past_the_loop_scipy_products_never_make_x_dense(program, monkeypatch):
+    """A block the loop does not take (too small, or wider than 2^17 columns) runs as SciPy
+    calls: X @ w and Xᵀ dz are sparse products. Folding w into X as a column scaling left X
+    alone in its contraction, made dense (a 5,000 × 2^20 block asked for 39 GiB)."""
+    from arrayjob.kernels import sparse
+
+    def dense(x):
+        assert not sparse.issparse(x), f"a {x.shape} sparse block made dense"
+        return np.asarray(x)
+
+    monkeypatch.setattr(sparse, "dense", dense)
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 2**62)
+    values = _data(_csr("float64", "int32"))
+    kernel, args = block_kernel(program(), values)
+    compiled = compiler.Program(kernel, args)
+    assert compiled.row_loop is None
+    with np.errstate(all="ignore"):
+        got = compiled(args)
+    _assert_close(got, _dense_reference(program(), values))

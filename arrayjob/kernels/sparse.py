@@ -101,9 +101,13 @@ def einsum(subscripts: str, *blocks: Any) -> np.ndarray:
 
 def _fold_scalings(operands: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """Multiply each dense vector whose label a sparse operand has into that operand: scaling
-    its rows or columns, which keeps it sparse (einsum multiplies operands elementwise)."""
+    its rows or columns, which keeps it sparse (einsum multiplies operands elementwise).
+
+    Only while a pair would remain: a sparse matrix and a vector are one SciPy product
+    (``_pair``), whereas folding the vector leaves a lone operand that ``einsum`` densifies
+    (X @ w with X n × 2²⁰ asked for n × 2²⁰ × 8 bytes)."""
     operands = list(operands)
-    while True:
+    while len(operands) > 2:
         for k, (term, x) in enumerate(operands):
             if issparse(x) or np.ndim(x) != 1:
                 continue
@@ -117,6 +121,7 @@ def _fold_scalings(operands: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
             break
         else:
             return operands
+    return operands
 
 
 def _pair(a: tuple[str, Any], b: tuple[str, Any], out: str) -> tuple[str, np.ndarray] | None:
