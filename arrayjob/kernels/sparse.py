@@ -146,6 +146,8 @@ def _pair(a: tuple[str, Any], b: tuple[str, Any], out: str) -> tuple[str, np.nda
         return free + other, dense(left @ right)
     y = np.moveaxis(np.asarray(xb), tb.index(c), 0)
     rest = tb.replace(c, "")
+    if y.ndim == 1:  # SciPy's matrix × vector: faster than × an (n, 1) matrix
+        return free, np.asarray(left @ y)
     product = left @ y.reshape(y.shape[0], -1)
     return free + rest, np.asarray(product).reshape((left.shape[0], *y.shape[1:]))
 
