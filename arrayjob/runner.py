@@ -51,31 +51,28 @@ class RunOutcome:
 def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str, ArrayInfo]:
     """Read every input's metadata; a missing one is named with how to create demo data.
 
-    An input a job accepts as a group (e.g. PageRank's CSR ``indptr`` and ``indices``)
-    yields one entry per member, named ``<input>.<member>``. Any other input may be a sparse
-    matrix group (AnnData's CSR layout, ``io.sparse``): one entry, its ``sparse`` set; opening
-    it reads its ``indptr`` whole, counted into ``reads``.
+    An input the job takes sparse (``Job.sparse_inputs``) may be a sparse matrix group
+    (AnnData's CSR layout, ``io.sparse``): one entry, its ``sparse`` set; opening it reads its
+    ``indptr`` whole, counted into ``reads``. An input the job reads as a pattern
+    (``Job.pattern_inputs``: PageRank's adjacency) may also be a group without encoding-type
+    (``indptr``, ``indices`` and a ``shape`` attribute); its ``data``, if any, is not read.
     """
     arrays = {}
     job = get_job(spec.algorithm)
-    members = job.group_inputs
     for name, location in spec.inputs.items():
         missing = spec.missing_chunks.get(name, "error")
         try:
             arrays[name] = open_array_info(name, location, spec.storage, missing_chunks=missing)
         except InputError as exc:
-            if "is a Zarr group" in str(exc) and name in members:
-                for member in members[name]:
-                    key = f"{name}.{member}"
-                    arrays[key] = open_array_info(key, location.join(member), spec.storage, missing_chunks=missing)
-                continue
-            encoding = "is a Zarr group" in str(exc) and is_sparse_group(location, spec.storage)
+            group = "is a Zarr group" in str(exc)
+            encoding = group and is_sparse_group(location, spec.storage)
             if encoding and name not in job.sparse_inputs:  # refused before reading its indptr
                 takes = sorted(n for n, j in JOBS.items() if j.sparse_inputs)
                 raise InputError(f"inputs.{name}: {location} is a sparse matrix ({encoding}); {spec.algorithm} "
                                  f"takes a dense array here (sparse input: {', '.join(takes)})") from None
-            if encoding:
-                opened = open_sparse_info(name, location, spec.storage, missing_chunks=missing)
+            pattern = name in job.pattern_inputs
+            if encoding or (group and pattern):
+                opened = open_sparse_info(name, location, spec.storage, missing_chunks=missing, pattern=pattern)
                 if reads is not None:
                     reads.add(opened.counters)
                 arrays[name] = opened.info

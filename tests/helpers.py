@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse
 import zarr
 
 from arrayjob.cli.main import main
@@ -27,6 +28,26 @@ def write_array(uri: str, data: np.ndarray, chunks: tuple[int, ...], *, endpoint
     z = zarr.create_array(uri, shape=data.shape, chunks=chunks, dtype=data.dtype, zarr_format=zarr_format,
                           overwrite=True, storage_options=storage_options(uri, endpoint), compressors=compressors)
     z[...] = data
+
+
+def write_adjacency_group(uri: str, edges: np.ndarray, n: int, layout: str = "anndata",
+                          chunks: tuple[int, int] = (300, 100), compressors: Any = "auto") -> scipy.sparse.csr_matrix:
+    """The adjacency matrix of ``edges`` (n × n, CSR, duplicates summed) as a PageRank input:
+    AnnData's layout with random weights as ``data`` ("anndata"; PageRank ignores them), or the
+    group arrayjob took before it read AnnData's ("arrayjob": ``indices`` and ``indptr`` and a
+    ``shape`` attribute, no ``data``, no encoding-type); ``chunks`` of indices and indptr
+    (``compressors=None``: stored as many bytes as the estimate plans)."""
+    matrix = scipy.sparse.csr_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    matrix.sum_duplicates()
+    if layout == "anndata":
+        weighted = scipy.sparse.csr_matrix((np.random.default_rng(0).uniform(0.1, 5.0, matrix.nnz), matrix.indices,
+                                            matrix.indptr), shape=matrix.shape)
+        write_csr_group(uri, weighted, (chunks[0], *chunks), compressors=compressors)
+        return matrix
+    group = zarr.open_group(uri, mode="w", attributes={"shape": [n, n]})
+    group.create_array("indptr", data=matrix.indptr.astype(np.int64), chunks=(chunks[1],), compressors=compressors)
+    group.create_array("indices", data=matrix.indices.astype(np.int64), chunks=(chunks[0],), compressors=compressors)
+    return matrix
 
 
 def write_csr_group(uri: str, matrix, chunks: tuple[int, int, int] = (1000, 1000, 1000), *,
@@ -47,8 +68,6 @@ def write_csr_group(uri: str, matrix, chunks: tuple[int, int, int] = (1000, 1000
 def sparse_logreg_data(n: int = 3000, d: int = 200, nnz_per_row: int = 8, seed: int = 0):
     """A CSR X of ``nnz_per_row`` non-zeros per row (some rows empty) and 0/1 labels from a
     sparse true weight vector."""
-    import scipy.sparse
-
     rng = np.random.default_rng(seed)
     counts = rng.integers(0, 2 * nnz_per_row + 1, n)
     indptr = np.concatenate([[0], np.cumsum(counts)])

@@ -293,28 +293,99 @@ def test_degree_order_puts_the_busiest_sources_first_and_balances_a_power_law_gr
         assert np.all(np.diff(group[mine][np.argsort(position[mine])]) <= 0)
 
 
-def test_pagerank_reads_a_csr_group(tmp_path):
-    import scipy.sparse
+def _pagerank_spec(tmp_path, edges_uri, params=""):
+    from arrayjob.spec import load_spec
+
+    (tmp_path / "s.toml").write_text(
+        f'[job]\nname = "g"\nalgorithm = "pagerank"\n[inputs]\nedges = "{edges_uri}"\n'
+        f'[params]\ntol = 1e-13\nmax_iter = 1000\n{params}[output]\nuri = "{tmp_path}/out"\n')
+    return load_spec(tmp_path / "s.toml")
+
+
+@pytest.mark.parametrize("layout", ["anndata", "arrayjob"])
+def test_pagerank_reads_a_csr_group(tmp_path, layout):
+    """The adjacency as a CSR group, opened by the one sparse reader (``io.sparse``) as its
+    pattern: AnnData's layout, whose weights are never read (their chunks are gone here), or
+    the group arrayjob took before (indptr, indices and a shape attribute)."""
+    import shutil
 
     from arrayjob.runner import open_inputs
-    from arrayjob.spec import load_spec
+    from tests.helpers import write_adjacency_group
 
     rng = np.random.default_rng(10)
     n = 250
     edges = rng.integers(0, n, size=(1500, 2))
-    matrix = scipy.sparse.csr_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
-    matrix.sum_duplicates()
-    group = zarr.open_group(str(tmp_path / "graph.zarr"), mode="w", attributes={"shape": [n, n]})
-    group.create_array("indptr", data=matrix.indptr.astype(np.int64), chunks=(100,))
-    group.create_array("indices", data=matrix.indices.astype(np.int64), chunks=(300,))
-    (tmp_path / "s.toml").write_text(
-        f'[job]\nname = "g"\nalgorithm = "pagerank"\n[inputs]\nedges = "{tmp_path}/graph.zarr"\n'
-        f'[params]\ntol = 1e-13\nmax_iter = 1000\n[output]\nuri = "{tmp_path}/out"\n')
-    spec = load_spec(tmp_path / "s.toml")
-    arrays = open_inputs(spec)
-    assert set(arrays) == {"edges.indptr", "edges.indices"}
+    matrix = write_adjacency_group(str(tmp_path / "graph.zarr"), edges, n, layout)
+    if layout == "anndata":
+        shutil.rmtree(tmp_path / "graph.zarr" / "data" / "c")  # PageRank is unweighted: data is not read
+    arrays = open_inputs(_pagerank_spec(tmp_path, tmp_path / "graph.zarr"))
+    (info,) = arrays.values()
+    assert set(arrays) == {"edges"} and info.sparse is not None and info.sparse.pattern
+    assert info.shape == (n, n) and info.sparse.nnz == matrix.nnz and info.dtype == "bool"
     r = run_job("pagerank", arrays, tol=1e-13, max_iter=1000)
     assert np.abs(r.arrays["rank"] - _networkx_rank(edges, n)).sum() <= 1e-6
+    assert r.attrs["n_nodes"] == n
+
+
+@pytest.mark.parametrize("case,problem", [
+    ("csc", "a csc_matrix group; PageRank takes the adjacency matrix as CSR (row i: the targets of node i's edges)"),
+    ("rectangular", "expected an adjacency matrix, shape = [n, n], got [30, 31]"),
+    ("target", "row 4 holds column index 30, outside [0, 30)"),
+    ("no shape", "no shape attribute (expected shape = [rows, columns])"),
+])
+def test_pagerank_refuses_a_csr_group_that_is_no_adjacency(tmp_path, case, problem):
+    import scipy.sparse
+
+    from arrayjob.runner import open_inputs
+    from tests.helpers import write_adjacency_group, write_csr_group
+
+    uri = tmp_path / "graph.zarr"
+    edges = np.array([[0, 1], [4, 2], [4, 29], [7, 7]])
+    matrix = write_adjacency_group(str(uri), edges, 30, "arrayjob")
+    if case == "csc":
+        write_csr_group(str(uri), matrix.tocsc(), encoding="csc_matrix")
+    elif case == "rectangular":
+        zarr.open_group(str(uri), mode="r+").attrs["shape"] = [30, 31]
+        zarr.open_array(str(uri / "indptr"), mode="r+")  # unchanged: 31 offsets for 30 rows
+    elif case == "target":
+        zarr.open_array(str(uri / "indices"), mode="r+")[2] = 30  # row 4's second edge
+    elif case == "no shape":
+        del zarr.open_group(str(uri), mode="r+").attrs["shape"]
+    assert scipy.sparse.issparse(matrix)
+    with pytest.raises(InputError) as raised:
+        run_job("pagerank", open_inputs(_pagerank_spec(tmp_path, uri)))
+    assert str(raised.value) == f"inputs.edges: {uri}: {problem}"
+
+
+def test_pagerank_on_a_csr_group_is_estimated_as_it_reads(tmp_path):
+    """Opening the group reads its indptr on the driver; the run then reads indptr whole once
+    and every chunk of indices once, never data: the estimate's reads, to the byte."""
+    from arrayjob.costing.estimate import estimate_cluster, estimate_job
+    from arrayjob.costing.prices import load_prices
+    from arrayjob.costing.profile import SHIPPED
+    from arrayjob.runner import plan_options, prepare
+    from tests.helpers import write_adjacency_group
+
+    n = 399
+    # distinct edges, every chunk whole (a last chunk, part empty, is stored whole)
+    pairs = np.random.default_rng(11).choice(n * n, size=6 * 512, replace=False)
+    write_adjacency_group(str(tmp_path / "graph.zarr"), np.stack([pairs // n, pairs % n], axis=1), n, "anndata",
+                          (512, 100), compressors=None)
+    spec = _pagerank_spec(tmp_path, tmp_path / "graph.zarr")
+    job = prepare(spec)
+    prices = load_prices()
+    instance = prices.instance("local")
+    estimate = estimate_job(job, spec, nodes=1, instance=instance, prices=prices, profile=SHIPPED, iterations=3)
+    planned = {s.name: (s.bytes_read, s.get_requests) for s in estimate.stages}
+
+    executor = LocalExecutor(StorageOptions())
+    session = Session(executor, plan_options(spec, estimate_cluster(1, instance, SHIPPED)))
+    job.run(JobContext(session, executor.metrics))
+    reads = {s.name: (s.storage.bytes_read, s.storage.get_requests) for s in executor.metrics.stages}
+    opened = (job.metadata_reads.bytes_read, job.metadata_reads.get_requests)
+    assert opened[0] >= 4 * (n + 1)  # indptr, whole
+    assert reads["fit"] == planned["fit"] == (0, 0)
+    assert (opened[0] + reads["load"][0], opened[1] + reads["load"][1]) == planned["load"]
 
 
 def test_pagerank_keeps_the_graph_between_iterations(put):

@@ -19,7 +19,7 @@ from arrayjob.datagen import DatagenRequest, generate
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import check_chunks_stored, open_array_info, read_block
 from arrayjob.io.locations import StorageCounters, StorageOptions, parse_uri
-from arrayjob.io.sparse import is_sparse_group, open_sparse_info, read_sparse_block
+from arrayjob.io.sparse import is_sparse_group, member_info, open_sparse_info, read_sparse_block
 from arrayjob.planner.physical import BlockGrid, InputArray
 from arrayjob.runner import open_inputs
 from arrayjob.runtime.executor import load_and_check
@@ -167,6 +167,43 @@ def test_is_sparse_group_is_none_for_anything_else(tmp_path):
         assert is_sparse_group(parse_uri(str(tmp_path / path)), options) is None
 
 
+# -- a pattern: where the non-zeros are, not their values (PageRank's adjacency) -------------
+
+
+@pytest.mark.parametrize("layout", ["anndata", "without data", "without encoding-type"])
+def test_a_pattern_reads_no_data_and_its_values_are_ones(tmp_path, layout):
+    import shutil
+
+    m = matrix(seed=7)
+    uri = str(tmp_path / "X.zarr")
+    write_csr(uri, m, chunks=(9, 6, 8))
+    group = zarr.open_group(uri, mode="r+")
+    if layout == "anndata":
+        shutil.rmtree(f"{uri}/data/c")  # a read of data would fail
+    else:
+        del group["data"]
+    if layout == "without encoding-type":  # the group arrayjob took for a graph before AnnData's
+        del group.attrs["encoding-type"]
+        del group.attrs["encoding-version"]
+    options = StorageOptions()
+    location = parse_uri(uri)
+    if layout != "anndata":
+        with pytest.raises(InputError):  # values are needed: not a sparse matrix then
+            open_sparse_info("X", location, options)
+    info = open_sparse_info("X", location, options, pattern=True).info
+    layout_ = info.sparse
+    assert layout_.pattern and info.dtype == "bool" and layout_.nnz == m.nnz and info.shape == m.shape
+    assert layout_.data_chunk == layout_.indices_chunk and layout_.chunk_overhead[0] == 0
+    check_chunks_stored(info, options)  # indices' chunks only
+    with pytest.raises(ValueError, match="only the pattern of X is read, not its 'data'"):
+        member_info(info, "data")
+    pattern = scipy.sparse.csr_matrix((np.ones(m.nnz, dtype=bool), m.indices, m.indptr), shape=m.shape)
+    assert_blocks_read_as_priced(info, pattern, options, info.chunks[0] * 2)
+    everything = (slice(0, ROWS), slice(0, COLS))
+    block, _ = read_block(info, everything, options)
+    assert block.dtype == bool and block.data.nbytes == m.nnz  # a byte a value, as block_nbytes counts them
+
+
 # -- the driver's checks --------------------------------------------------------------------
 
 
@@ -225,6 +262,22 @@ def test_a_bad_group_is_one_input_error_naming_the_problem(tmp_path, change, pro
     message = str(raised.value)
     assert message == f"inputs.X: {uri}: {problem}"
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    (lambda group: group.__delitem__("indices"),
+     "member array 'indices' is missing (the pattern of a csr_matrix group is read from indices and indptr)"),
+    (_replace("indptr", [0, 2, 3, 4, 4]), "'indptr' ends at 4 but 'indices' holds 5 values"),
+])
+def test_a_bad_pattern_is_one_input_error_naming_the_problem(tmp_path, change, problem):
+    uri = str(tmp_path / "X.zarr")
+    write_csr(uri, SMALL, chunks=(2, 2, 2))
+    group = zarr.open_group(uri, mode="r+")
+    del group["data"]
+    change(group)
+    with pytest.raises(InputError) as raised:
+        open_sparse_info("X", parse_uri(uri), StorageOptions(), pattern=True)
+    assert str(raised.value) == f"inputs.X: {uri}: {problem}"
 
 
 def test_a_column_index_outside_the_matrix_names_its_row(backend):

@@ -10,11 +10,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import scipy.sparse
-import zarr
 
-from arrayjob.io.arrays import ResultGroup, open_array_info
+from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.locations import StorageOptions, parse_uri
+from arrayjob.io.sparse import open_sparse_info
 from arrayjob.jobs import JOBS, get_job
 from arrayjob.jobs.base import JobContext, StagePlan
 from arrayjob.lazy import capture
@@ -24,7 +23,7 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
 from arrayjob.spec import table_to_dataclass
-from tests.helpers import logreg_data
+from tests.helpers import logreg_data, write_adjacency_group
 
 CLUSTER = ClusterShape(nodes=2, workers_per_node=2)
 
@@ -127,16 +126,9 @@ def pagerank(put, tmp_path, csr=False):
     edges = rng.integers(0, 150, size=(1200, 2))
     if not csr:
         return make_job("pagerank", {"edges": put("edges", edges, (300, 2))}, tol=1e-10), None
-    n = 150
-    matrix = scipy.sparse.csr_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
-    matrix.sum_duplicates()
-    group = zarr.open_group(str(tmp_path / "graph.zarr"), mode="w", attributes={"shape": [n, n]})
-    group.create_array("indptr", data=matrix.indptr.astype(np.int64), chunks=(100,))
-    group.create_array("indices", data=matrix.indices.astype(np.int64), chunks=(300,))
-    location = parse_uri(str(tmp_path / "graph.zarr"))
-    arrays = {f"edges.{m}": open_array_info(f"edges.{m}", location.join(m), StorageOptions())
-              for m in ("indptr", "indices")}
-    return make_job("pagerank", arrays, tol=1e-10), None
+    write_adjacency_group(str(tmp_path / "graph.zarr"), edges, 150, "anndata", chunks=(300, 100))
+    opened = open_sparse_info("edges", parse_uri(str(tmp_path / "graph.zarr")), StorageOptions(), pattern=True)
+    return make_job("pagerank", {"edges": opened.info}, tol=1e-10), None
 
 
 CASES = {

@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
 from arrayjob.io.locations import ArrayInfo
+from arrayjob.io.sparse import member_info, stored_members
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, network_seconds, physical_cost
 from arrayjob.planner.memory import KeptBlock, MemoryBudget, MemoryModel, StoredKey
@@ -332,10 +331,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         uses = Counter(b for t in physical.tasks for b in dict.fromkeys(t.args)
                        if isinstance(b, SourceBlock) and b in decided.streamed)
         if fresh:  # stored blocks are read once, by one task each, then kept for the job
-            # or written to their node's spill, if streamed from there (the runtime's load does)
+            # or written to their node's spill, if streamed from there (the runtime's load does);
+            # blocks of a source an earlier pass read are not read again (PageRank's indptr)
             spilled = {b for b in block_homes if residency is not None and residency.source == "spill"
                        and b in residency.streamed}
-            first = [b for b in block_homes if key[b] in memory.resident or b in spilled]
+            unread = {s.array.uri for s in fresh}
+            first = [b for b in block_homes if key[b][0] in unread and (key[b] in memory.resident or b in spilled)]
             seconds["load"] += _read_seconds([(block_homes[b], physical.block_read_bytes(b)) for b in first],
                                              profile, cluster)
             for b in first:
@@ -391,9 +392,12 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         peaks[p.stage].append(peak)
     # arrays of the job no program reads, read whole on the driver (factor matrices, PageRank's indptr)
     for info in getattr(job, "arrays", {}).values():
-        if info.uri not in sources_seen:
-            load.bytes_read += math.prod(info.shape) * np.dtype(info.dtype).itemsize
-            load.get_requests += math.prod(math.ceil(s / c) for s, c in zip(info.shape, info.chunks, strict=True))
+        # a sparse input is read by a program that reads its blocks or its member arrays (PageRank's)
+        read_as = {info.uri} | ({member_info(info, m).uri for m in stored_members(info)} if info.sparse else set())
+        if read_as.isdisjoint(sources_seen):
+            nbytes, requests = info.block_reads(tuple(slice(0, s) for s in info.shape))
+            load.bytes_read += nbytes
+            load.get_requests += requests
     # outputs the workers write (``Pass.writes``) are planned with their pass, store tasks and
     # all; their bytes and requests are priced here, with the driver's
     write = StageEstimate("write")

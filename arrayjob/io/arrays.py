@@ -24,7 +24,7 @@ from arrayjob.errors import InputError, StorageError
 from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure
 from arrayjob.io.dense import chunk_key, failed_read, missing_chunk_message, read_dense_block
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
-from arrayjob.io.sparse import member_info, read_sparse_block
+from arrayjob.io.sparse import member_info, read_sparse_block, stored_members
 from arrayjob.io.storage import zarr_store
 
 
@@ -67,8 +67,9 @@ def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
     An empty array, or one whose missing chunks are to be read as fill values, passes. Of a
     sparse group, the chunks of ``data`` and ``indices`` (``indptr`` was read whole)."""
     if info.sparse is not None:
-        for member in ("data", "indices"):
-            check_chunks_stored(member_info(info, member), options)
+        for member in stored_members(info):
+            if member != "indptr":
+                check_chunks_stored(member_info(info, member), options)
         return
     if info.missing_chunks == "fill" or 0 in info.shape:
         return
@@ -105,14 +106,6 @@ def _bucket_exists(location: Location, options: StorageOptions) -> bool:
         return backend_for(location, options).bucket_exists()
     except Exception:  # noqa: BLE001 - cannot tell: say what was not found instead
         return True
-
-
-def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, Any]:
-    """The attributes of the Zarr group at ``location`` (metadata only)."""
-    try:
-        return dict(zarr.open_group(store=zarr_store(location, options, read_only=True), mode="r").attrs)
-    except Exception as exc:  # noqa: BLE001
-        raise InputError(f"{location}: cannot read the group's attributes: {describe_failure(exc)}") from None
 
 
 # How arrayjob writes arrays: every chunk stored, even one equal to the fill value (Zarr

@@ -125,6 +125,9 @@ class SparseLayout:
     offsets: tuple[int, ...]  # indptr[0], indptr[c], indptr[2c], ..., indptr[n]
     # bytes each stored chunk adds beyond its elements (4: a CRC32C codec), per array
     chunk_overhead: tuple[int, int, int] = (0, 0, 0)
+    # only where the non-zeros are is read (a graph's adjacency): ``data`` is never read,
+    # may be absent, and a block's values are ones (``io.sparse``'s ``pattern``)
+    pattern: bool = False
 
     @property
     def axis(self) -> int:
@@ -206,10 +209,12 @@ class ArrayInfo:
         lo = layout.nnz_between(0, rows.start, row_chunk, n)
         hi = lo + layout.nnz_between(rows.start, rows.stop, row_chunk, n)
         nbytes = requests = 0
-        for (start, stop), chunk, dtype, overhead in (
-                ((rows.start, rows.stop + 1), layout.indptr_chunk, layout.indptr_dtype, layout.chunk_overhead[2]),
-                ((lo, hi), layout.data_chunk, self.dtype, layout.chunk_overhead[0]),
-                ((lo, hi), layout.indices_chunk, layout.index_dtype, layout.chunk_overhead[1])):
+        members = [((rows.start, rows.stop + 1), layout.indptr_chunk, layout.indptr_dtype, layout.chunk_overhead[2]),
+                   ((lo, hi), layout.data_chunk, self.dtype, layout.chunk_overhead[0]),
+                   ((lo, hi), layout.indices_chunk, layout.index_dtype, layout.chunk_overhead[1])]
+        if layout.pattern:  # no data read
+            del members[1]
+        for (start, stop), chunk, dtype, overhead in members:
             touched = math.ceil(stop / chunk) - start // chunk if stop > start else 0
             requests += touched
             nbytes += touched * (chunk * np.dtype(dtype).itemsize + overhead)

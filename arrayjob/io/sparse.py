@@ -14,6 +14,12 @@ The driver reads ``indptr`` whole (4 or 8 bytes a row), once: the planner sizes 
 its non-zeros from it (``SparseLayout.offsets``), and its checks cost nothing more. ``data`` and
 ``indices`` are read only by the worker that holds a block, through ``io.dense`` like any dense
 array, so a missing or corrupt chunk is named the same way.
+
+A job that needs only where the non-zeros are (PageRank's adjacency: an unweighted graph) opens
+its input as a ``pattern``: ``data`` is never read, and need not exist; a block's values are
+ones. A pattern may also be a group without ``encoding-type``, read as CSR: ``indptr``,
+``indices`` and a ``shape`` attribute, the layout arrayjob took for a graph before it read
+AnnData's (``SparseLayout.pattern``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from arrayjob.io.storage import zarr_store
 # AnnData's encoding-type -> SparseLayout.format
 SPARSE_ENCODINGS = {"csr_matrix": "csr", "csc_matrix": "csc"}
 MEMBERS = ("data", "indices", "indptr")
+PATTERN_MEMBERS = ("indices", "indptr")  # what a pattern reads (``data``, if any, is ignored)
 
 
 @dataclass(frozen=True)
@@ -60,27 +67,31 @@ def is_sparse_group(location: Location, options: StorageOptions) -> str | None:
 
 
 def open_sparse_info(name: str, location: Location, options: StorageOptions, *, missing_chunks: str = "error",
-                     target_nnz_per_chunk: int | None = None) -> SparseInfoRead:
+                     target_nnz_per_chunk: int | None = None, pattern: bool = False) -> SparseInfoRead:
     """Open the sparse group named ``name`` (``inputs.<name>`` in errors): its attributes, the
     metadata of its arrays, and ``indptr`` whole, checked.
 
     The row chunk (``ArrayInfo.chunks[0]``; a column chunk in CSC) holds on average about
     ``target_nnz_per_chunk`` non-zeros (default: the elements of a stored chunk of ``data``),
-    so that a block's reads are close to whole chunks of ``data`` and ``indices``."""
+    so that a block's reads are close to whole chunks of ``data`` and ``indices``.
+
+    ``pattern``: the non-zeros' places only (see the module note): ``data`` is not opened, a
+    group without ``encoding-type`` is CSR, and the matrix's dtype is bool (its values, ones)."""
     counters = StorageCounters()
 
     def refuse(problem: str) -> InputError:
         return InputError(f"inputs.{name}: {location}: {problem}")
 
+    members = PATTERN_MEMBERS if pattern else MEMBERS
     try:
         group = zarr.open_group(store=zarr_store(location, options, read_only=True, counters=counters), mode="r")
         attrs = dict(group.attrs)
-        kind = attrs.get("encoding-type")
+        kind = attrs.get("encoding-type", "csr_matrix" if pattern else None)
         if not isinstance(kind, str) or kind not in SPARSE_ENCODINGS:
             what = f"encoding-type {kind!r}" if kind is not None else "no encoding-type attribute"
             raise refuse(f"{what}: not a sparse matrix group (expected AnnData's 'csr_matrix' or 'csc_matrix')")
         shape = _shape(attrs, refuse)
-        arrays = {member: _member(group, member, kind, refuse) for member in MEMBERS}
+        arrays = {member: _member(group, member, kind, members, refuse) for member in members}
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line naming the input
@@ -88,32 +99,34 @@ def open_sparse_info(name: str, location: Location, options: StorageOptions, *, 
             raise InputError(f"inputs.{name}: cannot read {location}: {describe_failure(exc)}") from None
         raise refuse(f"not a readable Zarr group: {describe_failure(exc)}") from None
 
-    data, indices, indptr = (arrays[m] for m in MEMBERS)
+    data, indices, indptr = arrays.get("data"), arrays["indices"], arrays["indptr"]
     fmt = SPARSE_ENCODINGS[kind]
     axis = 0 if fmt == "csr" else 1
     line = "row" if axis == 0 else "column"
-    for member, array, expected, ok in (
-            ("data", data, "numbers", np.issubdtype(data.dtype, np.number)),
-            ("indices", indices, "integers", np.issubdtype(indices.dtype, np.integer)),
-            ("indptr", indptr, "integers", np.issubdtype(indptr.dtype, np.integer))):
-        if not ok:
+    for member, array, expected, kinds in (
+            ("data", data, "numbers", np.number), ("indices", indices, "integers", np.integer),
+            ("indptr", indptr, "integers", np.integer)):
+        if array is not None and not np.issubdtype(array.dtype, kinds):
             raise refuse(f"'{member}' holds {array.dtype}, expected {expected}")
-    nnz = int(data.shape[0])
-    if indices.shape[0] != nnz:
-        raise refuse(f"'data' holds {nnz} values but 'indices' {indices.shape[0]} (one column index per value)")
+    nnz = int(indices.shape[0])
+    if data is not None and data.shape[0] != nnz:
+        raise refuse(f"'data' holds {data.shape[0]} values but 'indices' {nnz} (one column index per value)")
     if indptr.shape[0] != shape[axis] + 1:
         raise refuse(f"'indptr' holds {indptr.shape[0]} offsets, expected {shape[axis] + 1} for shape "
                      f"{list(shape)} (one per {line}, plus one)")
 
+    values = data if data is not None else indices  # a pattern's blocks read as many values as indices
     layout = SparseLayout(
         format=fmt, nnz=nnz, index_dtype=str(indices.dtype), indptr_dtype=str(indptr.dtype),
-        data_chunk=_chunk(data), indices_chunk=_chunk(indices), indptr_chunk=_chunk(indptr), offsets=(),
-        chunk_overhead=(_overhead(data), _overhead(indices), _overhead(indptr)))
-    info = ArrayInfo(name=name, location=location, shape=shape, dtype=str(data.dtype), chunks=shape,
-                     zarr_format=int(group.metadata.zarr_format), missing_chunks=missing_chunks, sparse=layout)
+        data_chunk=_chunk(values), indices_chunk=_chunk(indices), indptr_chunk=_chunk(indptr), offsets=(),
+        chunk_overhead=(_overhead(data) if data is not None else 0, _overhead(indices), _overhead(indptr)),
+        pattern=pattern)
+    info = ArrayInfo(name=name, location=location, shape=shape, dtype=str(data.dtype) if data is not None else "bool",
+                     chunks=shape, zarr_format=int(group.metadata.zarr_format), missing_chunks=missing_chunks,
+                     sparse=layout)
     offsets, read = read_dense_block(member_info(info, "indptr"), (slice(0, shape[axis] + 1),), options)
     counters.add(read)
-    _check_offsets(offsets, nnz, line, refuse)
+    _check_offsets(offsets, nnz, line, "data" if data is not None else "indices", refuse)
 
     lines = shape[axis]
     target = target_nnz_per_chunk or layout.data_chunk
@@ -134,11 +147,13 @@ def _shape(attrs: dict[str, Any], refuse: Any) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def _member(group: zarr.Group, member: str, kind: str, refuse: Any) -> zarr.Array:
+def _member(group: zarr.Group, member: str, kind: str, members: tuple[str, ...], refuse: Any) -> zarr.Array:
     try:
         array = group[member]
     except KeyError:
-        raise refuse(f"member array '{member}' is missing (a {kind} group holds data, indices and indptr)") from None
+        what = (f"a {kind} group holds data, indices and indptr" if members == MEMBERS
+                else f"the pattern of a {kind} group is read from indices and indptr")
+        raise refuse(f"member array '{member}' is missing ({what})") from None
     if not isinstance(array, zarr.Array):
         raise refuse(f"'{member}' is a group, expected a 1-D array")
     if array.ndim != 1:
@@ -157,7 +172,7 @@ def _overhead(array: zarr.Array) -> int:
     return 4 if any(isinstance(c, Crc32cCodec) for c in codecs) else 0
 
 
-def _check_offsets(indptr: np.ndarray, nnz: int, line: str, refuse: Any) -> None:
+def _check_offsets(indptr: np.ndarray, nnz: int, line: str, values: str, refuse: Any) -> None:
     """``indptr`` starts at 0, never decreases and ends at the number of values."""
     if int(indptr[0]) != 0:
         raise refuse(f"'indptr' starts at {int(indptr[0])}, expected 0")
@@ -167,7 +182,14 @@ def _check_offsets(indptr: np.ndarray, nnz: int, line: str, refuse: Any) -> None
         raise refuse(f"'indptr' decreases at {line} {i} (indptr[{i}] = {int(indptr[i])}, "
                      f"indptr[{i + 1}] = {int(indptr[i + 1])})")
     if int(indptr[-1]) != nnz:
-        raise refuse(f"'indptr' ends at {int(indptr[-1])} but 'data' holds {nnz} values")
+        raise refuse(f"'indptr' ends at {int(indptr[-1])} but '{values}' holds {nnz} values")
+
+
+def stored_members(info: ArrayInfo) -> tuple[str, ...]:
+    """The member arrays of sparse ``info`` its blocks are read from: ``indices`` and ``indptr``,
+    and ``data`` unless only its pattern is read."""
+    assert info.sparse is not None
+    return PATTERN_MEMBERS if info.sparse.pattern else MEMBERS
 
 
 def member_info(info: ArrayInfo, member: str) -> ArrayInfo:
@@ -175,6 +197,8 @@ def member_info(info: ArrayInfo, member: str) -> ArrayInfo:
     failed read names its chunk in it: ``inputs.X: chunk (3,) (key 'c/3') of …/X.zarr/data``)."""
     layout = info.sparse
     assert layout is not None
+    if member not in stored_members(info):
+        raise ValueError(f"{info.uri}: only the pattern of {info.name} is read, not its '{member}'")
     lines = info.shape[layout.axis]
     length, dtype, chunk = {
         "data": (layout.nnz, info.dtype, layout.data_chunk),
@@ -203,7 +227,9 @@ def read_sparse_block(info: ArrayInfo, selection: tuple[slice, ...],
                          f"got {selection}")
     indptr, counters = read_dense_block(member_info(info, "indptr"), (slice(major.start, major.stop + 1),), options)
     lo, hi = int(indptr[0]), int(indptr[-1])
-    data, indices = (_read_values(info, member, lo, hi, options, counters) for member in ("data", "indices"))
+    data = (np.ones(hi - lo, dtype=info.dtype) if layout.pattern
+            else _read_values(info, "data", lo, hi, options, counters))
+    indices = _read_values(info, "indices", lo, hi, options, counters)
     indptr = indptr - lo
     _check_indices(info, indices, indptr, major.start, minor)
     lines = major.stop - major.start
@@ -225,10 +251,22 @@ def _read_values(info: ArrayInfo, member: str, lo: int, hi: int, options: Storag
 def _check_indices(info: ArrayInfo, indices: np.ndarray, indptr: np.ndarray, first: int, minor: int) -> None:
     """Every index of the block lies in [0, minor); else an ``InputError`` naming the first
     row (column, in CSC) that holds one outside."""
+    position = index_outside(indices, minor)
+    if position is not None:
+        line = first + int(np.searchsorted(indptr, position, side="right")) - 1
+        raise index_outside_error(info, line, int(indices[position]), minor)
+
+
+def index_outside(indices: np.ndarray, minor: int) -> int | None:
+    """The position of the first of ``indices`` outside [0, minor), or None."""
     if not indices.size or (int(indices.min()) >= 0 and int(indices.max()) < minor):
-        return
-    position = int(np.flatnonzero((indices < 0) | (indices >= minor))[0])
-    line = first + int(np.searchsorted(indptr, position, side="right")) - 1
+        return None
+    return int(np.flatnonzero((indices < 0) | (indices >= minor))[0])
+
+
+def index_outside_error(info: ArrayInfo, line: int, index: int, minor: int) -> InputError:
+    """The error for row ``line`` (column, in CSC) of sparse ``info`` holding ``index``, outside
+    [0, minor): for blocks read here and for jobs that read the member arrays themselves."""
     kind, other = ("row", "column") if info.sparse is None or info.sparse.axis == 0 else ("column", "row")
-    raise InputError(f"inputs.{info.name}: {info.uri}: {kind} {line} holds {other} index {int(indices[position])}, "
-                     f"outside [0, {minor})")
+    return InputError(f"inputs.{info.name}: {info.uri}: {kind} {line} holds {other} index {index}, "
+                      f"outside [0, {minor})")

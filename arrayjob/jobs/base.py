@@ -143,8 +143,10 @@ class Job(ABC):
     title: ClassVar[str]
     inputs: ClassVar[tuple[str, ...]]
     optional_inputs: ClassVar[tuple[str, ...]] = ()
-    group_inputs: ClassVar[dict[str, tuple[str, ...]]] = {}  # inputs that may be groups: members
     sparse_inputs: ClassVar[tuple[str, ...]] = ()  # inputs that may be sparse matrices (CSR groups)
+    # of those, the ones read as their pattern (``io.sparse``): values never read, ``data`` and
+    # ``encoding-type`` not needed (PageRank's adjacency)
+    pattern_inputs: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type]
 
     def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None) -> None:

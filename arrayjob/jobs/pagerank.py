@@ -41,6 +41,17 @@ PageRank) took 0.28 s per iteration and a 14.7 s build with four blocks, 0.32–
 (blocks, 2) array the driver adds up: summed as tasks they cost blocks + 1 more tasks and
 two more round trips every iteration.
 
+The edges are an (E, 2) array of (source, target), or the adjacency matrix A as a CSR group
+(``io.sparse``), read as its pattern: PageRank is unweighted here, so the group's ``data``
+(AnnData's always has some) is never read, and a group of only ``indptr``, ``indices`` and a
+``shape`` attribute is read too. Its ``shape`` gives n (``params.n_nodes`` is not used), and
+its ``indices`` are split in their stored chunks, not in the group's row blocks: the split
+returns plain integer arrays of the rows its chunk holds, which the build takes as one
+array, so the chunks must hold even numbers of edges, and row blocks do not (a power-law
+graph puts most edges in a few of them). ``indptr``, read whole on a worker, gives every
+chunk its edges' sources and, by its steps, the out-edge counts; a column index outside
+[0, n) is refused naming its row, as ``io.sparse`` names one.
+
 The rank vector (and the iteration's dangling mass) is checkpointed after an iteration
 (``io.checkpoint``); a resumed run builds the graph again (the build is deterministic, so
 the numbering is the same) and goes on from it.
@@ -51,14 +62,15 @@ shuffle of them; per iteration, 2E flops, 8n bytes to each of B blocks and 8n by
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from arrayjob import lazy as la
-from arrayjob.io.arrays import read_group_attrs, read_whole
 from arrayjob.io.locations import ArrayInfo
+from arrayjob.io.sparse import member_info
 from arrayjob.jobs.base import EACH_ITERATION, Job, JobContext, JobResult, Pass, StagePlan, require
 from arrayjob.jobs.pagerank_graph import (
     BuildBlock,
@@ -67,6 +79,7 @@ from arrayjob.jobs.pagerank_graph import (
     SplitByTarget,
     SplitCSR,
     by_node_id,
+    csr_out_edges,
     degree_order,
     id_dtype,
     id_range,
@@ -108,30 +121,25 @@ class PageRank(Job):
     name = "pagerank"
     title = "PageRank"
     inputs = ("edges",)
-    group_inputs = {"edges": ("indptr", "indices")}  # or a CSR group of the adjacency matrix
+    # or the adjacency matrix as a CSR group, read as its pattern: PageRank here is unweighted,
+    # so a group's data (AnnData's always has some) is not read, and a group may have none
+    sparse_inputs = ("edges",)
+    pattern_inputs = ("edges",)
     Params = PageRankParams
     params: PageRankParams
 
     @property
     def csr(self) -> bool:
-        return "edges.indices" in self.arrays
+        return self.arrays["edges"].sparse is not None
 
     def check_inputs(self) -> None:
-        if self.csr:
-            indptr, indices = self.arrays["edges.indptr"], self.arrays["edges.indices"]
-            for a in (indptr, indices):
-                require(a.ndim == 1 and np.dtype(a.dtype).kind in "iu",
-                        f"inputs.{a.name}: expected a 1-D integer array, got {a.dtype} of shape {a.shape}")
-            attrs = read_group_attrs(indptr.location.parent, self.storage)
-            shape = attrs.get("shape")
-            require(isinstance(shape, list) and len(shape) == 2 and shape[0] == shape[1],
-                    f"inputs.edges: expected the CSR group's attribute shape = [n, n], got {shape!r}")
-            assert isinstance(shape, list)
-            self.csr_nodes = int(shape[0])
-            require(indptr.shape[0] == self.csr_nodes + 1,
-                    f"inputs.edges.indptr: expected {self.csr_nodes + 1} entries for shape {shape}, got {indptr.shape[0]}")
-            return
         e = self.arrays["edges"]
+        if e.sparse is not None:  # io.sparse checked the group; what is PageRank's own
+            require(e.sparse.format == "csr", f"inputs.edges: {e.uri}: a {e.sparse.format}_matrix group; PageRank takes "
+                                              f"the adjacency matrix as CSR (row i: the targets of node i's edges)")
+            require(e.shape[0] == e.shape[1],
+                    f"inputs.edges: {e.uri}: expected an adjacency matrix, shape = [n, n], got {list(e.shape)}")
+            return
         require(e.ndim == 2 and e.shape[1] == 2, f"inputs.edges: expected an (E, 2) array of (source, target), got shape {e.shape}")
         require(np.dtype(e.dtype).kind in "iu", f"inputs.edges: expected integer node ids, got dtype {e.dtype}")
 
@@ -140,10 +148,22 @@ class PageRank(Job):
 
     @property
     def _edge_array(self) -> ArrayInfo:
-        return self.arrays["edges.indices" if self.csr else "edges"]
+        """The array the edges are split from: the (E, 2) edge list, or a CSR group's ``indices``
+        (its targets; sources from its ``indptr``), read as a dense array in even chunks (see
+        ``_build``)."""
+        return self._member("indices") if self.csr else self.arrays["edges"]
+
+    def _member(self, member: str) -> ArrayInfo:
+        """A member array of the CSR group, named ``edges.<member>``: a program's sources need
+        names of their own (and a failed read names it so)."""
+        return dataclasses.replace(member_info(self.arrays["edges"], member), name=f"edges.{member}")
 
     def _edges(self) -> la.BlockArray:
         return la.from_zarr(self._edge_array)
+
+    def _indptr(self) -> la.BlockArray:
+        """A CSR group's ``indptr``, read whole on a worker (the sources of every edge chunk)."""
+        return la.from_zarr(self._member("indptr"))
 
     def _block_rows(self, n: int, workers: int) -> int:
         """Rows (target nodes) per block of Aᵀ."""
@@ -158,11 +178,11 @@ class PageRank(Job):
         blocks = math.ceil(n / block)
         sorted_edges = [((e.shape[0], 2), id_dtype(n), chunk), ((chunks, blocks + 1), "int64", 1)]
         labels = la.value("labels", (n,), id_dtype(n))
-        if self.csr:
+        if self.csr:  # chunks of indices, not the group's row blocks: the shuffle's chunks are even
             starts = la.value("chunk_starts", (chunks,), "int64")
-            indptr = la.value("indptr", (n + 1,), "int64")
-            edges, offsets = la.map_blocks(Kernel("split_csr_by_target", SplitCSR(n, block)),
-                                           self._edges(), starts, indptr, labels, outputs=sorted_edges,
+            split = SplitCSR(n, block, self.arrays["edges"])
+            edges, offsets = la.map_blocks(Kernel("split_csr_by_target", split),
+                                           self._edges(), starts, self._indptr(), labels, outputs=sorted_edges,
                                            block_rows=[chunk, 1, None, None], cost=GraphWork("split_csr"))
         else:
             edges, offsets = la.map_blocks(Kernel("split_by_target", SplitByTarget(n, block)),
@@ -176,18 +196,24 @@ class PageRank(Job):
         return {"graph": graph}, block
 
     def stages(self, workers: int, n_nodes: int | None = None) -> StagePlan:
-        """In "load": node-id range, out-edge counts (none for a CSR group: its indptr has
-        them), the build (kept as ``BUILT``), out-degrees, scaling (kept as ``SCALED``); then
-        one iteration per iteration. For ``n_nodes`` nodes: a run learns the count from the
-        id range; without ``params.n_nodes`` a plan assumes as many nodes as edges."""
+        """In "load": node-id range (none for a CSR group: its shape has n, and its indices are
+        checked where they are split), out-edge counts (of a CSR group, from its indptr), the
+        build (kept as ``BUILT``), out-degrees, scaling (kept as ``SCALED``); then one
+        iteration per iteration. For ``n_nodes`` nodes: a run learns the count from the id
+        range; without ``params.n_nodes`` a plan assumes as many nodes as edges."""
         n = self._nodes_for_planning() if n_nodes is None else n_nodes
         build, block = self._build(n, workers)
         blocks = build["graph"].shape[0]
         built = self._kept(BUILT, build["graph"], self._graph_block_bytes(n, blocks))
         scaled = self._kept(SCALED, build["graph"], self._graph_block_bytes(n, blocks, scaled=True))
-        counts = () if self.csr else (Pass("count", "load", self._count_program(n)),)
+        if self.csr:
+            (out_edges,) = la.map_blocks(Kernel("csr_out_edges", csr_out_edges), self._indptr(),
+                                         outputs=[((n,), "int64", None)])
+            counts: tuple[Pass, ...] = (Pass("count", "load", {"out_edges": out_edges}),)
+        else:
+            counts = (Pass("id_range", "load", self._id_range_program()),
+                      Pass("count", "load", self._count_program(n)))
         return StagePlan((
-            Pass("id_range", "load", self._id_range_program()),
             *counts,
             Pass("build", "load", build, keeps=BUILT),
             Pass("degree", "load", self._degree_program(built, n)),
@@ -244,7 +270,7 @@ class PageRank(Job):
 
     def _nodes_for_planning(self) -> int:
         if self.csr:
-            return self.csr_nodes
+            return self.arrays["edges"].shape[0]
         return self.params.n_nodes or max(1, self._edge_array.shape[0])
 
     def _iteration(self, graph: la.BlockArray, n: int, block: int) -> dict[str, la.BlockArray]:
@@ -263,21 +289,21 @@ class PageRank(Job):
         E = self._edge_array.shape[0]
         workers = ctx.session.options.cluster.workers
         with ctx.metrics.stage("load"):
-            r = ctx.session.compute(self.stages(workers)["id_range"])  # the programs after it need n
-            ids = np.array([r["lo"][0], r["hi"][1]])
-            n = self.csr_nodes if self.csr else (p.n_nodes or int(ids[1]) + 1)
-            require(E == 0 or ids[0] >= 0, f"inputs.edges: node ids must be >= 0, found {int(ids[0])}")
-            require(E == 0 or ids[1] < n, f"inputs.edges: node id {int(ids[1])} is out of range for params.n_nodes = {n}")
+            if self.csr:
+                n = self._nodes_for_planning()
+            else:
+                r = ctx.session.compute(self.stages(workers)["id_range"])  # the programs after it need n
+                ids = np.array([r["lo"][0], r["hi"][1]])
+                n = p.n_nodes or int(ids[1]) + 1
+                require(E == 0 or ids[0] >= 0, f"inputs.edges: node ids must be >= 0, found {int(ids[0])}")
+                require(E == 0 or ids[1] < n,
+                        f"inputs.edges: node id {int(ids[1])} is out of range for params.n_nodes = {n}")
             plan = self.stages(workers, n_nodes=n)
             block = self._block_rows(n, workers)
             values = {"block_ids": np.arange(-(-n // block), dtype=np.int64)}
             if self.csr:
-                indptr = read_whole(self.arrays["edges.indptr"], self.storage, ctx.metrics).astype(np.int64)
-                values |= {"indptr": indptr,
-                           "chunk_starts": np.arange(0, max(E, 1), self._edge_array.chunks[0], dtype=np.int64)}
-                out_edges = np.diff(indptr)
-            else:
-                out_edges = ctx.session.compute(plan["count"])["out_edges"]
+                values["chunk_starts"] = np.arange(0, max(E, 1), self._edge_array.chunks[0], dtype=np.int64)
+            out_edges = ctx.session.compute(plan["count"])["out_edges"]
             labels = degree_order(out_edges, block)
             kept = ctx.session.persist(plan["build"], values | {"labels": labels}, handle=BUILT)
             outdeg = ctx.session.compute(plan["degree"])["d"]

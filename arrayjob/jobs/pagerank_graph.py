@@ -1,11 +1,12 @@
 """PageRank's graph: the transposed adjacency Aᵀ built from an edge list (or a CSR group) on
 the workers, as CSR blocks of target rows (``jobs.pagerank`` is the job that iterates on it).
 
-The build: one pass counts each node's out-edges (``CountOutEdges``), nodes are numbered
-anew by out-degree (``degree_order``), each edge chunk is renumbered and sorted by target
-block (``SplitByTarget``, ``SplitCSR``), every block's task slices its edges out of the
-sorted chunks and makes a de-duplicated CSR block (``BuildBlock``); once the out-degrees are
-known (``out_degree``) each block's columns are divided by them (``scale_block``).
+The build: one pass counts each node's out-edges (``CountOutEdges``; of a CSR group, the
+steps of its ``indptr``: ``csr_out_edges``), nodes are numbered anew by out-degree
+(``degree_order``), each edge chunk is renumbered and sorted by target block
+(``SplitByTarget``, ``SplitCSR``), every block's task slices its edges out of the sorted
+chunks and makes a de-duplicated CSR block (``BuildBlock``); once the out-degrees are known
+(``out_degree``) each block's columns are divided by them (``scale_block``).
 ``GraphWork`` declares what each of these block functions costs. The reasons and the
 measurements are in ``jobs.pagerank``'s module note.
 """
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse
+
+from arrayjob.io.locations import ArrayInfo
+from arrayjob.io.sparse import index_outside, index_outside_error
 
 SPMV_CACHE_BYTES = 16 * 2**20  # a gathered vector above this misses the cache (half of a 32 MiB L3)
 
@@ -133,18 +137,29 @@ class SplitByTarget:
 
 @dataclass(frozen=True)
 class SplitCSR:
-    """Like ``SplitByTarget`` for a chunk of a CSR ``indices`` array: sources come from
-    ``indptr`` (on every block) and the chunk's first position."""
+    """Like ``SplitByTarget`` for a chunk of the ``indices`` of ``matrix``, a CSR group of the
+    adjacency (``io.sparse``, read as a pattern): sources come from its ``indptr`` (whole, on
+    every block) and the chunk's first position. A target outside [0, n) is refused naming its
+    row, as ``io.sparse`` names one in a block it reads."""
 
     n: int
     block: int
+    matrix: ArrayInfo
 
     def __call__(self, indices: np.ndarray, start: np.ndarray, indptr: np.ndarray,
                  labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         positions = int(start[0]) + np.arange(len(indices))
         sources = np.searchsorted(indptr, positions, side="right") - 1
+        outside = index_outside(indices, self.n)
+        if outside is not None:
+            raise index_outside_error(self.matrix, int(sources[outside]), int(indices[outside]), self.n)
         edges = np.stack([sources, np.asarray(indices, dtype=np.int64)], axis=1)
         return SplitByTarget(self.n, self.block)(edges, labels)
+
+
+def csr_out_edges(indptr: np.ndarray) -> np.ndarray:
+    """Out-edges per node (with repeats) of a CSR adjacency: its ``indptr``'s steps."""
+    return np.diff(np.asarray(indptr, dtype=np.int64))
 
 
 @dataclass(frozen=True)
