@@ -33,7 +33,7 @@ class DatagenRequest:
     seed: int
     options: StorageOptions
     k: int = 8  # clusters (kmeans)
-    rank: int = 8  # rank (tensors; factor columns)
+    rank: int = 8  # rank (tensors; factor columns; pca: the directions above the noise)
     shape: tuple[int, ...] = ()  # tensor shape (mttkrp, cp_als); rows × cols × cols if empty
     edges: int = 0  # edges (pagerank); 10 × rows if 0
     nnz_per_row: int = 0  # > 0: X sparse, with this many non-zeros in every row (logreg, linreg, kmeans)
@@ -126,6 +126,24 @@ def tsqr(req: DatagenRequest) -> StorageCounters:
     counters = StorageCounters()
     _write_rows(req, "A", (req.rows, req.cols), "float64",
                 lambda s, n, rng: rng.standard_normal((n, req.cols)), counters)
+    return counters
+
+
+def pca(req: DatagenRequest) -> StorageCounters:
+    """Low rank plus noise around a mean: x = μ + Σ_j z_j s_j v_j + 0.1 ε, with ``rank``
+    orthonormal directions v_j fixed by the seed, scales s_j = 10 · 2^(−j/2) (a decaying
+    spectrum) and z, ε standard normal; μ uniform in [−5, 5]^d. The top ``rank`` components
+    stand clear of the noise."""
+    counters = StorageCounters()
+    rng = _rng(req.seed, 99)
+    rank = min(req.rank, req.cols)
+    directions = np.linalg.qr(rng.standard_normal((req.cols, rank)))[0].T * (10.0 * 2.0 ** (-np.arange(rank) / 2))[:, None]
+    mean = rng.uniform(-5, 5, size=req.cols)
+
+    def rows(start: int, n: int, rng: np.random.Generator) -> np.ndarray:
+        return mean + rng.standard_normal((n, rank)) @ directions + 0.1 * rng.standard_normal((n, req.cols))
+
+    _write_rows(req, "X", (req.rows, req.cols), "float64", rows, counters)
     return counters
 
 
@@ -309,7 +327,7 @@ def _row_nnz(algorithm: str, req: DatagenRequest) -> int:
 
 GENERATORS: dict[str, Callable[[DatagenRequest], StorageCounters]] = {
     "logreg": logreg, "linreg": linreg, "kmeans": kmeans, "tsqr": tsqr, "mttkrp": mttkrp,
-    "cp_als": cp_als, "pagerank": pagerank,
+    "cp_als": cp_als, "pagerank": pagerank, "pca": pca,
 }
 
 

@@ -20,6 +20,8 @@ DEMOS = {
     # the config's rank, as its header says: fitted to data of rank 3 it ran all 100 of its max_iter
     "cp_als": (["--shape", "20,15,10", "--chunk-rows", "4", "--rank", "8"], {"weights", "A", "B", "C"}),
     "pagerank": (["--rows", "300", "--edges", "3000", "--chunk-rows", "700"], {"rank"}),
+    "pca": (["--rows", "3000", "--cols", "10", "--chunk-rows", "500", "--rank", "8"],
+            {"components", "singular_values", "explained_variance", "explained_variance_ratio", "mean", "scores"}),
 }
 CONFIG_NAME = {"cp_als": "cp-als"}
 
@@ -50,7 +52,7 @@ def test_config_runs_on_demo_data(algorithm, bucket, monkeypatch, capsys):
     # the estimate's stages are the run's, so "estimate vs actual per stage" compares like with like
     ran = [s["name"] for s in report["stages"] if s["name"] != "validate"]
     assert ran == [s["name"] for s in report["estimate"]["stages"] if s["name"] != "shutdown"]
-    if algorithm in ("linreg", "tsqr", "mttkrp"):  # one pass, no iterations to guess: every task planned
+    if algorithm in ("linreg", "tsqr", "mttkrp", "pca"):  # one pass (pca: exact, and the scores), no iterations to guess: every task planned
         planned = {s["name"]: s["tasks.count"] for s in report["estimate"]["stages"] if s["name"] != "shutdown"}
         assert {s["name"]: s["tasks"] for s in report["stages"] if s["name"] != "validate"} == planned
     name = CONFIG_NAME.get(algorithm, algorithm)

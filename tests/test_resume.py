@@ -202,6 +202,12 @@ def _sparse_linreg(base: Path) -> dict[str, str]:
     return {"X": "X", "y": "y.zarr"}
 
 
+def _pca(base: Path) -> dict[str, str]:
+    X, _ = sparse_logreg_data(1500, 60, nnz_per_row=5, seed=9)
+    write_csr_group(str(base / "X"), X, (900, 900, 400))
+    return {"X": "X"}
+
+
 ALGORITHMS = {
     "lbfgs": _logreg("lbfgs"),
     # conjugate gradients on a sparse X: its iterate, residual and direction checkpointed
@@ -210,6 +216,8 @@ ALGORITHMS = {
     "kmeans": ("kmeans", _kmeans, "k = 5\ntol = 1e-9\n", ("inertia",)),
     "pagerank": ("pagerank", _pagerank, "tol = 1e-9\n", ()),
     "cp_als": ("cp_als", _cp_als, "rank = 3\ntol = 1e-12\nmax_iter = 12\n", ("fit",)),
+    # randomized subspace iteration on a sparse X: its basis and the mean checkpointed
+    "pca": ("pca", _pca, "k = 3\nn_iter = 5\n", ("total_variance",)),
 }
 
 
