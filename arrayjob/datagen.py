@@ -32,7 +32,7 @@ class DatagenRequest:
     chunk_rows: int
     seed: int
     options: StorageOptions
-    k: int = 8  # clusters (kmeans)
+    k: int = 8  # clusters (kmeans), components (gmm)
     rank: int = 8  # rank (tensors; factor columns; pca: the directions above the noise)
     shape: tuple[int, ...] = ()  # tensor shape (mttkrp, cp_als); rows × cols × cols if empty
     edges: int = 0  # edges (pagerank); 10 × rows if 0
@@ -116,6 +116,30 @@ def kmeans(req: DatagenRequest) -> StorageCounters:
 
     def points(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
         return centres[rng.integers(0, req.k, size=rows)] + rng.standard_normal((rows, req.cols))
+
+    _write_rows(req, "X", (req.rows, req.cols), "float64", points, counters)
+    return counters
+
+
+def gmm(req: DatagenRequest) -> StorageCounters:
+    """A Gaussian mixture: ``k`` centres in [-10, 10]^d, uneven weights (Dirichlet(5, ..., 5)),
+    and a covariance of its own per component, A Aᵀ with A standard normal scaled by
+    s/√d, s drawn from [0.3, 1.5]: blobs of different sizes, shapes and orientations."""
+    counters = StorageCounters()
+    rng = _rng(req.seed, 99)
+    k, d = req.k, req.cols
+    centres = rng.uniform(-10, 10, size=(k, d))
+    weights = rng.dirichlet(np.full(k, 5.0))
+    factors = rng.standard_normal((k, d, d)) * (rng.uniform(0.3, 1.5, size=(k, 1, 1)) / np.sqrt(d))
+
+    def points(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+        label = rng.choice(k, size=rows, p=weights)
+        noise = rng.standard_normal((rows, d))
+        out = centres[label]
+        for c in range(k):  # one product per component: no rows × d × d temporary
+            mine = label == c
+            out[mine] += noise[mine] @ factors[c].T
+        return out
 
     _write_rows(req, "X", (req.rows, req.cols), "float64", points, counters)
     return counters
@@ -326,7 +350,7 @@ def _row_nnz(algorithm: str, req: DatagenRequest) -> int:
 
 
 GENERATORS: dict[str, Callable[[DatagenRequest], StorageCounters]] = {
-    "logreg": logreg, "linreg": linreg, "kmeans": kmeans, "tsqr": tsqr, "mttkrp": mttkrp,
+    "logreg": logreg, "linreg": linreg, "kmeans": kmeans, "gmm": gmm, "tsqr": tsqr, "mttkrp": mttkrp,
     "cp_als": cp_als, "pagerank": pagerank, "pca": pca,
 }
 

@@ -15,6 +15,8 @@ DEMOS = {
     "logreg": (["--rows", "3000", "--cols", "4", "--chunk-rows", "500"], {"coef", "intercept"}),
     "linreg": (["--rows", "3000", "--cols", "4", "--chunk-rows", "500"], {"coef", "intercept"}),
     "kmeans": (["--rows", "3000", "--cols", "3", "--chunk-rows", "500", "--k", "8"], {"centroids", "labels"}),
+    "gmm": (["--rows", "3000", "--cols", "3", "--chunk-rows", "500", "--k", "4"],
+            {"weights", "means", "covariances", "labels"}),
     "tsqr": (["--rows", "3000", "--cols", "5", "--chunk-rows", "500"], {"Q", "R"}),
     "mttkrp": (["--shape", "20,15,10", "--chunk-rows", "4", "--rank", "4"], {"M"}),
     # the config's rank, as its header says: fitted to data of rank 3 it ran all 100 of its max_iter

@@ -179,6 +179,14 @@ def _kmeans(base: Path) -> dict[str, str]:
     return {"X": "X.zarr"}
 
 
+def _gmm(base: Path) -> dict[str, str]:
+    rng = np.random.default_rng(9)
+    centres = np.array([[0.0, 0.0, 0.0], [2.5, 0.0, 1.0], [0.0, 3.0, -1.0]])
+    X = centres[rng.integers(0, 3, 2400)] + rng.standard_normal((2400, 3)) * [1.0, 0.6, 1.4]
+    write_array(str(base / "X.zarr"), X, (600, 3))
+    return {"X": "X.zarr"}
+
+
 def _pagerank(base: Path) -> dict[str, str]:
     rng = np.random.default_rng(6)
     edges = rng.integers(0, 400, size=(3000, 2)).astype(np.int64)
@@ -214,6 +222,8 @@ ALGORITHMS = {
     "linreg-cg-sparse": ("linreg", _sparse_linreg, 'method = "cg"\ntol = 1e-12\n', ("objective",)),
     "newton": _logreg("newton"),
     "kmeans": ("kmeans", _kmeans, "k = 5\ntol = 1e-9\n", ("inertia",)),
+    # EM's weights, means, covariances and lower bound checkpointed; labels written at the end
+    "gmm": ("gmm", _gmm, "k = 3\ntol = 1e-12\nmax_iter = 12\n", ("lower_bound", "converged")),
     "pagerank": ("pagerank", _pagerank, "tol = 1e-9\n", ()),
     "cp_als": ("cp_als", _cp_als, "rank = 3\ntol = 1e-12\nmax_iter = 12\n", ("fit",)),
     # randomized subspace iteration on a sparse X: its basis and the mean checkpointed

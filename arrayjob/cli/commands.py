@@ -321,7 +321,7 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
 @click.option("--cols", type=int, default=32, show_default=True)
 @click.option("--chunk-rows", type=int, default=25_000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--k", "clusters", type=int, default=8, show_default=True, help="Clusters (kmeans).")
+@click.option("--k", "clusters", type=int, default=8, show_default=True, help="Clusters (kmeans), components (gmm).")
 @click.option("--rank", type=int, default=8, show_default=True, help="Rank (mttkrp, cp_als, pca).")
 @click.option("--shape", default="", help="Tensor shape I,J,K (mttkrp, cp_als) [default: rows,cols,cols].")
 @click.option("--edges", type=int, default=0, help="Edges (pagerank) [default: 10 × rows].")

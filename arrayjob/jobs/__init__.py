@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from arrayjob.errors import SpecError
 from arrayjob.jobs.base import Job
+from arrayjob.jobs.gmm import GaussianMixture
 from arrayjob.jobs.kmeans import KMeans
 from arrayjob.jobs.linreg import LinearRegression
 from arrayjob.jobs.logreg import LogisticRegression
@@ -13,7 +14,8 @@ from arrayjob.jobs.tensor import CPALS, MTTKRP
 from arrayjob.jobs.tsqr import TSQR
 
 JOBS: dict[str, type[Job]] = {
-    job.name: job for job in (LogisticRegression, LinearRegression, KMeans, PCA, TSQR, MTTKRP, CPALS, PageRank)
+    job.name: job for job in (LogisticRegression, LinearRegression, KMeans, GaussianMixture, PCA, TSQR, MTTKRP, CPALS,
+                              PageRank)
 }
 
 

@@ -37,7 +37,7 @@ import scipy.sparse
 from arrayjob import lazy as la
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import open_array_info, read_block, read_whole
-from arrayjob.io.locations import StorageCounters, StorageOptions, parse_uri
+from arrayjob.io.locations import ArrayInfo, StorageCounters, StorageOptions, parse_uri
 from arrayjob.jobs.base import (
     EACH_ITERATION,
     Job,
@@ -120,40 +120,11 @@ class KMeans(Job):
         X = self.arrays["X"]
         return [((self.params.k, X.shape[1]), "float64", None), ((X.shape[0],), "int64", X.chunks[0])]
 
-    def _sample(self, storage: StorageOptions, rng: np.random.Generator) -> np.ndarray:
-        """Whole chunks of X, chosen at random, up to SAMPLE_ROWS rows (all of X if small)."""
-        X = self.arrays["X"]
-        n, chunk = X.shape[0], X.chunks[0]
-        starts = rng.permutation(np.arange(0, n, chunk))
-        take = starts[: max(1, -(-min(n, SAMPLE_ROWS) // chunk))]
-        parts = [read_block(X, (slice(s, min(s + chunk, n)), slice(0, X.shape[1])), storage)[0] for s in sorted(take)]
-        return scipy.sparse.vstack(parts, format="csr") if X.sparse is not None else np.concatenate(parts)
-
     def initial(self, ctx: JobContext) -> np.ndarray:
         p = self.params
-        rng = np.random.default_rng(p.seed)
         if p.init not in ("k-means++", "random"):
             return read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
-        sample = self._sample(ctx.storage, rng)
-        if p.init == "random":
-            centroids = _dense(sample[rng.choice(sample.shape[0], size=p.k, replace=False)])
-        else:
-            centroids = kmeans_plus_plus(sample, p.k, rng)
-        if len(np.unique(centroids, axis=0)) < p.k:  # k × d: cheap; the sample only when it repeats
-            self._check_distinct(sample)
-        return centroids
-
-    def _check_distinct(self, sample: np.ndarray) -> None:
-        """Fewer distinct rows than k would leave duplicate centroids (empty clusters): an
-        error when the sample is all of X, else a warning (rows outside the sample may differ)."""
-        k, n = self.params.k, self.arrays["X"].shape[0]
-        distinct = _distinct_rows(sample)
-        if distinct >= k:
-            return  # random init drew a repeated row: the clusters may still separate
-        if sample.shape[0] == n:
-            raise InputError(f"params.k: {k} clusters but inputs.X has only {distinct} distinct rows")
-        print(f"arrayjob: warning: params.k: {k} clusters but the {sample.shape[0]:,} rows sampled from inputs.X "
-              f"hold only {distinct} distinct rows; some centroids will be duplicates", file=sys.stderr)
+        return seed_centres(self.arrays["X"], p.init, p.k, p.seed, ctx.storage)
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
@@ -197,6 +168,42 @@ class KMeans(Job):
         inertia = float(r["inertia"])
         attrs = {"inertia": inertia, "iterations": iterations, "k": p.k}
         return JobResult(arrays, attrs, [f"{iterations} iterations: inertia {inertia:.10g}"])
+
+
+def sample_rows(X: ArrayInfo, storage: StorageOptions, rng: np.random.Generator) -> Any:
+    """Whole chunks of X, chosen at random, up to SAMPLE_ROWS rows (all of X if small): dense,
+    or CSR rows for a sparse X."""
+    n, chunk = X.shape[0], X.chunks[0]
+    starts = rng.permutation(np.arange(0, n, chunk))
+    take = starts[: max(1, -(-min(n, SAMPLE_ROWS) // chunk))]
+    parts = [read_block(X, (slice(s, min(s + chunk, n)), slice(0, X.shape[1])), storage)[0] for s in sorted(take)]
+    return scipy.sparse.vstack(parts, format="csr") if X.sparse is not None else np.concatenate(parts)
+
+
+def seed_centres(X: ArrayInfo, init: str, k: int, seed: int, storage: StorageOptions) -> np.ndarray:
+    """``k`` centres drawn from a sample of X (``sample_rows``) by ``init``: k-means++, or
+    ``random`` rows; duplicates are checked as ``check_distinct`` says."""
+    rng = np.random.default_rng(seed)
+    sample = sample_rows(X, storage, rng)
+    if init == "random":
+        centres = _dense(sample[rng.choice(sample.shape[0], size=k, replace=False)])
+    else:
+        centres = kmeans_plus_plus(sample, k, rng)
+    if len(np.unique(centres, axis=0)) < k:  # k × d: cheap; the sample only when it repeats
+        check_distinct(sample, k, X.shape[0])
+    return centres
+
+
+def check_distinct(sample: Any, k: int, n: int) -> None:
+    """Fewer distinct rows than k would leave duplicate centres (empty clusters): an error
+    when the sample is all of X's ``n`` rows, else a warning (rows outside it may differ)."""
+    distinct = _distinct_rows(sample)
+    if distinct >= k:
+        return  # random init drew a repeated row: the clusters may still separate
+    if sample.shape[0] == n:
+        raise InputError(f"params.k: {k} clusters but inputs.X has only {distinct} distinct rows")
+    print(f"arrayjob: warning: params.k: {k} clusters but the {sample.shape[0]:,} rows sampled from inputs.X "
+          f"hold only {distinct} distinct rows; some centroids will be duplicates", file=sys.stderr)
 
 
 def kmeans_plus_plus(sample: Any, k: int, rng: np.random.Generator) -> np.ndarray:
