@@ -427,3 +427,24 @@ def test_datagen_sparse_refuses_what_it_cannot_make(tmp_path, capsys, args, prob
     code, out, err = run_cli(["datagen", args[0], str(tmp_path / "demo"), *args[1:]], capsys)
     assert code == 2 and err.strip().splitlines() == [f"arrayjob: error: {problem}"]
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_wide_matrix_is_held_by_columns_and_sized_so(tmp_path):
+    """Past HELD_BY_COLUMNS_ABOVE columns a row block is converted to CSC as it is read (its
+    products then touch row-length vectors), and the plan sizes it with d + 1 pointers."""
+    from arrayjob.io.locations import HELD_BY_COLUMNS_ABOVE
+    from arrayjob.kernels.sparse import nbytes
+
+    d = HELD_BY_COLUMNS_ABOVE + 1
+    rng = np.random.default_rng(3)
+    m = scipy.sparse.random(60, d, density=4 / d, format="csr", random_state=rng, dtype=np.float64)
+    write_csr(str(tmp_path / "X.zarr"), m, chunks=(50, 50, 20))
+    info = open_sparse_info("X", parse_uri(str(tmp_path / "X.zarr")), StorageOptions()).info
+    assert info.held_by_columns
+    rows = (slice(0, info.chunks[0]), slice(0, d))
+    block, _ = read_sparse_block(info, rows, StorageOptions())
+    assert block.format == "csc" and block.shape == (info.chunks[0], d)
+    assert (block != m[: info.chunks[0]]).nnz == 0
+    per_value = 8 + np.dtype(info.sparse.index_dtype).itemsize
+    assert info.block_nbytes(rows) == block.nnz * per_value + (d + 1) * np.dtype(info.sparse.indptr_dtype).itemsize
+    assert info.block_nbytes(rows) >= nbytes(block)

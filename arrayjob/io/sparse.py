@@ -212,7 +212,8 @@ def member_info(info: ArrayInfo, member: str) -> ArrayInfo:
 def read_sparse_block(info: ArrayInfo, selection: tuple[slice, ...],
                       options: StorageOptions) -> tuple[Any, StorageCounters]:
     """Read rows ``selection[0]`` of sparse ``info`` (``selection[1]`` spans every column; in
-    CSC, columns ``selection[1]``) as a SciPy CSR (CSC) matrix; returns it and the requests it
+    CSC, columns ``selection[1]``) as a SciPy CSR (CSC) matrix, a wide CSR one converted to CSC
+    (``ArrayInfo.held_by_columns``); returns it and the requests it
     took: the chunks of ``indptr`` its rows touch, then those of ``data`` and ``indices`` its
     values touch, exactly ``info.block_reads(selection)``.
 
@@ -234,7 +235,8 @@ def read_sparse_block(info: ArrayInfo, selection: tuple[slice, ...],
     _check_indices(info, indices, indptr, major.start, minor)
     lines = major.stop - major.start
     if axis == 0:
-        return scipy.sparse.csr_matrix((data, indices, indptr), shape=(lines, minor)), counters
+        block = scipy.sparse.csr_matrix((data, indices, indptr), shape=(lines, minor))
+        return (block.tocsc() if info.held_by_columns else block), counters
     return scipy.sparse.csc_matrix((data, indices, indptr), shape=(minor, lines)), counters
 
 

@@ -28,7 +28,7 @@ runs the kernel, once per argument shapes and dtypes):
 A sparse argument (``scipy.sparse``, ``Program.sparse``) is never made dense here: it is no
 leaf of a numexpr expression, no input of a loop rewrite and never cut into row chunks. As
 the wide argument of a row loop it is read as CSR, non-zeros only, for any block with at
-least ``SPARSE_LOOP_MIN_BYTES`` of them and at most ``SPARSE_LOOP_MAX_COLUMNS`` columns;
+least ``SPARSE_LOOP_MIN_BYTES`` of them held as CSR (a wide matrix's blocks are CSC);
 otherwise its steps run one SciPy call each (``kernels.sparse``).
 
 ``Program(kernel, args)`` is the compiled form; ``block_kernel.CompiledPrograms`` caches it.
@@ -75,12 +75,12 @@ LOOP_MIN_WORKER_BYTES = 2 * LOOP_MIN_BYTES
 # the block. Only a block holding less than this (values and indices) is left to them,
 # as numba's start would cost more than the loop saves.
 SPARSE_LOOP_MIN_BYTES = 2**20
-# ... and only while X has at most this many columns: the loop gathers from w and scatters into
-# the gradient in the same pass, and once both (8 bytes a column each) outgrow the cache every
-# non-zero misses twice. Measured on 1,000,000 × d rows with 30 non-zeros (bench_micro.py
-# sparse-loop, 2 cores): at d = 2^17 the loop took 100 ms against 112 for SciPy's two products
-# and NumPy's steps; at d = 2^20, 355–380 ms against 154–174.
-SPARSE_LOOP_MAX_COLUMNS = 2**17
+# ... and only on a CSR block: a wide matrix's blocks are held as CSC (``io.locations.
+# HELD_BY_COLUMNS_ABOVE``), where SciPy's two products beat the fused loop, which gathers from w
+# and scatters into the gradient in the same pass and misses the cache twice per non-zero once
+# both outgrow it (bench_micro.py sparse-loop, 1,000,000 × d, 30 a row, 2 cores: at d = 2^17
+# the loop took 100 ms against 112 for SciPy's products and NumPy's steps; at d = 2^20, 355–380
+# ms against 154–174).
 MIN_EXPRESSION_SIZE = 2048  # elements; below this a NumPy call is cheaper than numexpr's
 LOG2 = "0.6931471805599453"
 
@@ -131,7 +131,7 @@ class Program:
         if len(self.sparse) != 1:
             return None
         (carrier,) = self.sparse
-        if sparse.nbytes(args[carrier]) < SPARSE_LOOP_MIN_BYTES or self.shapes[carrier][1] > SPARSE_LOOP_MAX_COLUMNS:
+        if sparse.nbytes(args[carrier]) < SPARSE_LOOP_MIN_BYTES or getattr(args[carrier], "format", None) != "csr":
             return None
         return rowloop.build(self, carrier)
 

@@ -67,9 +67,9 @@ def _map(fn: str, inputs: list[Any]) -> Any:
         a, b = inputs
         if not issparse(a):
             a, b = b, a
-        return _csr(a.multiply(b))
+        return a.multiply(b).asformat(a.format)
     (x,) = inputs
-    out = x.tocsr(copy=True)
+    out = x.copy()
     out.data = ELEMENTWISE[fn].numpy(out.data)
     return out
 
@@ -116,7 +116,7 @@ def _fold_scalings(operands: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
                 continue
             t, s = operands[into]
             scale = np.asarray(x).reshape((-1, 1) if t.index(term) == 0 else (1, -1))
-            operands[into] = (t, _csr(s.multiply(scale)))
+            operands[into] = (t, s.multiply(scale).asformat(s.format))
             del operands[k]
             break
         else:

@@ -43,15 +43,12 @@ def einsum_work(subscripts: str, ins: list[tuple[int, ...]]) -> tuple[str, int, 
     return "einsum_flops", flops, shape
 
 
-# A sparse matrix × a vector with more columns than this gathers from a vector bigger than the
-# cache: priced at the calibrated rate for that (``sparse_product_large``).
-CACHED_VECTOR_COLUMNS = 2**17
-
-
 def sparse_einsum_work(subscripts: str, ins: list[tuple[int, ...]], density: list[float]) -> tuple[str, float]:
     """A contraction with a sparse operand (``density`` < 1: its fraction of non-zeros), as
     ``kernels.sparse`` runs it: each non-zero times every element of the dense operands'
-    labels it lacks (X @ w: nnz; X @ Cᵀ with k centroids: k·nnz); (kind, amount)."""
+    labels it lacks (X @ w: nnz; X @ Cᵀ with k centroids: k·nnz); (kind, amount). Its vectors
+    are gathered from and scattered into in cache: a wide matrix's blocks are held by columns
+    (``io.locations.HELD_BY_COLUMNS_ABOVE``)."""
     terms, _ = subscripts.split("->")
     sizes: dict[str, int] = {}
     for term, s in zip(terms.split(","), ins, strict=True):
@@ -60,5 +57,4 @@ def sparse_einsum_work(subscripts: str, ins: list[tuple[int, ...]], density: lis
     term = terms.split(",")[k]
     nnz = density[k] * math.prod(ins[k])
     others = math.prod(n for label, n in sizes.items() if label not in term)
-    wide = len(ins[k]) == 2 and ins[k][1] > CACHED_VECTOR_COLUMNS
-    return ("sparse_product_large" if wide else "sparse_product"), nnz * others
+    return "sparse_product", nnz * others
