@@ -131,8 +131,10 @@ def logreg_data(n: int = 3000, d: int = 5, seed: int = 0) -> tuple[np.ndarray, n
     return X, y
 
 
-def write_spec(path: Path, *, inputs: dict[str, str], output: str, algorithm: str = "logreg",
+def write_spec(path: Path, *, inputs: dict[str, Any], output: str, algorithm: str = "logreg",
                params: str = "", storage: str = "", extra: str = "") -> Path:
+    """A spec file; an input is a URI, or a dict written as an inline table (strings and lists
+    of strings: ``{"uri": "…", "columns": ["f0"]}``)."""
     body = textwrap.dedent(f"""\
         [job]
         name = "test-{algorithm}"
@@ -140,7 +142,10 @@ def write_spec(path: Path, *, inputs: dict[str, str], output: str, algorithm: st
 
         [inputs]
         """)
-    body += "".join(f'{k} = "{v}"\n' for k, v in inputs.items())
+    for k, v in inputs.items():
+        value = "{ " + ", ".join(f"{kk} = {json.dumps(vv)}" for kk, vv in v.items()) + " }" \
+            if isinstance(v, dict) else f'"{v}"'
+        body += f"{k} = {value}\n"
     body += f"\n[params]\n{textwrap.dedent(params)}\n[output]\nuri = \"{output}\"\n"
     if storage:
         body += f"\n[storage]\n{textwrap.dedent(storage)}\n"
