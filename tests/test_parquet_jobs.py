@@ -6,6 +6,7 @@ reads exactly; bad data is one line, exit 2, and nothing written."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -121,7 +122,7 @@ def test_plan_and_estimate_read_the_footers_and_nothing_else(workdir, capsys, mo
     spec = write_spec(workdir / "spec.toml", inputs={"X": {"uri": str(workdir / "features"), "columns": "f*"},
                                                      "y": {"uri": str(workdir / "features"), "column": "label"}},
                       output=str(workdir / "out"))
-    for command in (["plan", str(spec)], ["estimate", str(spec), "--format", "json"]):
+    for command in (["plan", str(spec)], ["estimate", str(spec), "--format", "json"], ["estimate", str(spec)]):
         ranges.clear()
         code, out, err = run_cli(command, capsys)
         assert code == 0, err
@@ -129,6 +130,9 @@ def test_plan_and_estimate_read_the_footers_and_nothing_else(workdir, capsys, mo
         for path, start, stop in ranges:
             size = (workdir / "features" / path.rsplit("/", 1)[1]).stat().st_size
             assert size - footer_length(path) - 8 <= start < stop <= size, (path, start, stop)
+    # the table shows the footer reads, and the fit stage after load (not load twice)
+    assert re.search(r"\n validate +\n ├─ Storage read \(metadata\) +[\d.]+ kB +\n └─ GET requests +16 +requests", out)
+    assert "\n fit (101 passes) " in out
     assert not (workdir / "out").exists()
 
 
