@@ -123,6 +123,8 @@ class TestStorageBackend:
         assert backend.read_tail("dir/file", 3, counters) == (bytes([97, 98, 99]), 100)
         assert backend.read_tail("dir/file", 500, counters) == (bytes(range(100)), 100)  # all of a shorter one
         assert (counters.get_requests, counters.bytes_read) == (4, 4 + 5 + 3 + 100)
+        backend.write_bytes("empty", b"")
+        assert backend.read_tail("empty", 8) == (b"", 0)  # S3 answers a suffix range of nothing with a 200
         with pytest.raises(FileNotFoundError):
             backend.read_range("missing", 0, 4)
         with pytest.raises(FileNotFoundError):

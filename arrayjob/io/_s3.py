@@ -262,8 +262,15 @@ class S3Backend(StorageBackend):
 
     def _read_tail(self, key: str, length: int) -> tuple[bytes, int]:
         def get() -> tuple[bytes, int]:
-            result = obstore.get(self._store, self._key(key), options={"range": {"suffix": length}})
-            return bytes(result.bytes()), int(result.meta["size"])
+            try:
+                result = obstore.get(self._store, self._key(key), options={"range": {"suffix": length}})
+            except GenericError as exc:
+                if "non-partial response" not in str(exc):
+                    raise
+                # an empty object: the server answers a suffix range with all of it (200, not 206)
+                result = obstore.get(self._store, self._key(key))
+            data = bytes(result.bytes())
+            return data[-length:] if length else b"", int(result.meta["size"])
 
         with _as_oserror(self._key(key)):
             return self._retry(get)

@@ -106,6 +106,10 @@ def open_table_info(name: str, location: Location, options: StorageOptions,
     try:
         root, keys = dataset_files(location, options)
     except Exception as exc:  # noqa: BLE001
+        root = split_glob(location)[0]
+        if not _bucket_exists(root, options):
+            raise InputError(f"inputs.{name}: bucket {root.path.partition('/')[0]!r} does not exist "
+                             f"(reading {location})") from None
         raise InputError(f"inputs.{name}: cannot list {location}: {describe_failure(exc)}") from None
     if not keys:
         raise InputError(f"inputs.{name}: no Parquet files at {location}: an empty dataset")
@@ -143,6 +147,13 @@ def open_table_info(name: str, location: Location, options: StorageOptions,
     info = ArrayInfo(name=name, location=root, shape=shape, dtype="float64", chunks=chunks, zarr_format=0,
                      table=layout)
     return TableInfoRead(info, counters)
+
+
+def _bucket_exists(location: Location, options: StorageOptions) -> bool:
+    try:
+        return backend_for(location, options).bucket_exists()
+    except Exception:  # noqa: BLE001 - cannot tell: say what failed instead
+        return True
 
 
 @dataclass(frozen=True)
