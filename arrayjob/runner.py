@@ -21,7 +21,7 @@ from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
 from arrayjob.io.checkpoint import Checkpoints, CheckpointStore, kill_point
-from arrayjob.io.locations import ArrayInfo, StorageCounters
+from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, TableSelection
 from arrayjob.io.output import JobOutput
 from arrayjob.io.sparse import is_sparse_group, open_sparse_info
 from arrayjob.jobs import JOBS, get_job
@@ -56,14 +56,23 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str
     ``indptr`` whole, counted into ``reads``. An input the job reads as a pattern
     (``Job.pattern_inputs``: PageRank's adjacency) may also be a group without encoding-type
     (``indptr``, ``indices`` and a ``shape`` attribute); its ``data``, if any, is not read.
+    An input given as Parquet, or found to be a Parquet dataset where no Zarr array is, is
+    read as a dense matrix (``io.parquet``): opening it reads its files' footers, counted into
+    ``reads``.
     """
     arrays = {}
     job = get_job(spec.algorithm)
     for name, location in spec.inputs.items():
         missing = spec.missing_chunks.get(name, "error")
+        if spec.formats.get(name) == "parquet":
+            arrays[name] = _open_table(name, location, spec, reads)
+            continue
         try:
             arrays[name] = open_array_info(name, location, spec.storage, missing_chunks=missing)
         except InputError as exc:
+            if "no Zarr array" in str(exc) and spec.formats.get(name) != "zarr" and _is_parquet(location, spec):
+                arrays[name] = _open_table(name, location, spec, reads)
+                continue
             group = "is a Zarr group" in str(exc)
             encoding = group and is_sparse_group(location, spec.storage)
             if encoding and name not in job.sparse_inputs:  # refused before reading its indptr
@@ -82,6 +91,21 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str
                 raise InputError(f"{exc} (demo data: arrayjob datagen {spec.algorithm} {parent})") from None
             raise
     return arrays
+
+
+def _is_parquet(location: Location, spec: JobSpec) -> bool:
+    from arrayjob.io.parquet import is_parquet_dataset  # pyarrow, only for Parquet inputs
+
+    return is_parquet_dataset(location, spec.storage)
+
+
+def _open_table(name: str, location: Location, spec: JobSpec, reads: StorageCounters | None) -> ArrayInfo:
+    from arrayjob.io.parquet import open_table_info
+
+    opened = open_table_info(name, location, spec.storage, spec.tables.get(name, TableSelection()))
+    if reads is not None:
+        reads.add(opened.counters)
+    return opened.info
 
 
 def plan_options(spec: JobSpec, cluster: ClusterShape, job: Job | None = None,
@@ -173,7 +197,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
     retries = storage_retries()  # this (driver) process's; the workers' come with their reads
     with metrics.stage("validate"):
         job = prepare(spec)
-        metrics.count_storage(job.metadata_reads)  # a sparse input's indptr, read to plan its blocks
+        metrics.count_storage(job.metadata_reads)  # a sparse input's indptr, Parquet footers: to plan blocks
         prices = load_prices()
         instance = prices.instance(instance_type or spec.cluster.node_type or "local")
         scaling = sizes_cluster(spec, nodes, deadline)

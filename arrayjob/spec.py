@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from arrayjob.errors import SpecError
-from arrayjob.io.locations import Location, StorageOptions, parse_uri
+from arrayjob.io.locations import (
+    GLOB_CHARACTERS,
+    Location,
+    StorageOptions,
+    TableSelection,
+    parse_uri,
+    split_glob,
+)
 from arrayjob.runtime.cluster import ClusterOptions
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -78,6 +85,10 @@ class JobSpec:
     resolved: Mapping[str, Any] = field(repr=False)
     # per input: "error" (a missing chunk is lost data) or "fill" (read as the fill value)
     missing_chunks: Mapping[str, str] = field(default_factory=dict)
+    # per input: "zarr", "parquet", or "" (told by what is at its URI)
+    formats: Mapping[str, str] = field(default_factory=dict)
+    # per input that is or may be Parquet: what of it to read
+    tables: Mapping[str, TableSelection] = field(default_factory=dict)
     run: RunOptions = field(default_factory=RunOptions)
 
     def digest(self) -> str:
@@ -246,25 +257,70 @@ def table_to_dataclass(cls: type, table: Any, section: str) -> Any:
     return cls(**values)
 
 
-MISSING_CHUNKS = ("error", "fill")
+MISSING_CHUNKS = typing.Literal["error", "fill"]
+FORMATS = typing.Literal["zarr", "parquet"]
+NULLS = typing.Literal["error", "zero"]
+_TABLE_KEYS = ("columns", "column", "nulls")
 
 
-def _input_entry(value: Any, key: str) -> tuple[str, str]:
-    """An ``[inputs]`` entry: a URI, or ``{ uri = "...", missing_chunks = "fill" }``;
-    returns the URI and what a missing chunk means ("error" unless said otherwise)."""
-    if not isinstance(value, dict):
-        return _coerce(value, str, key), "error"
-    unknown = sorted(set(value) - {"uri", "missing_chunks"})
-    if unknown:
-        raise SpecError(f"{key}.{unknown[0]}: unknown key (expected one of: uri, missing_chunks)")
-    if "uri" not in value:
-        raise SpecError(f"{key}.uri: required key is missing")
-    uri = _coerce(value["uri"], str, f"{key}.uri")
-    missing = value.get("missing_chunks", "error")
-    if missing not in MISSING_CHUNKS:
-        raise SpecError(f"{key}.missing_chunks: expected one of {', '.join(repr(m) for m in MISSING_CHUNKS)}, "
-                        f"got {missing!r}")
-    return uri, missing
+@dataclass(frozen=True)
+class InputEntry:
+    """One ``[inputs]`` entry: a URI string, or a table with ``uri`` and the keys of its format."""
+
+    uri: str
+    format: str = ""  # "zarr", "parquet", or "" (told by what is at the URI)
+    missing_chunks: str = "error"
+    table: TableSelection = TableSelection()
+
+    @classmethod
+    def parse(cls, value: Any, key: str) -> InputEntry:
+        """``"uri"``; ``{ uri, missing_chunks }`` (Zarr); ``{ uri, format = "parquet", columns =
+        [...] | "f*", column, nulls }``. The format is Parquet where the entry says so, names
+        columns, or its URI ends in ``.parquet`` or holds a glob."""
+        if not isinstance(value, dict):
+            uri = _coerce(value, str, key)
+            return cls(uri, _format_of(uri))
+        expected = ("uri", "format", "missing_chunks", *_TABLE_KEYS)
+        if unknown := sorted(set(value) - set(expected)):
+            raise SpecError(f"{key}.{unknown[0]}: unknown key (expected one of: {', '.join(expected)})")
+        if "uri" not in value:
+            raise SpecError(f"{key}.uri: required key is missing")
+        uri = _coerce(value["uri"], str, f"{key}.uri")
+        table_keys = [k for k in _TABLE_KEYS if k in value]
+        fmt = _coerce(value["format"], FORMATS, f"{key}.format") if "format" in value else \
+            "parquet" if table_keys else _format_of(uri)
+        if fmt == "zarr" and table_keys:
+            raise SpecError(f"{key}.{table_keys[0]}: a key of Parquet inputs, but {key}.format is \"zarr\"")
+        if fmt == "parquet" and "missing_chunks" in value:
+            raise SpecError(f"{key}.missing_chunks: a key of Zarr inputs; a Parquet input has no chunks "
+                            "(nulls = \"zero\" reads its nulls as 0)")
+        missing = _coerce(value.get("missing_chunks", "error"), MISSING_CHUNKS, f"{key}.missing_chunks")
+        return cls(uri, fmt, missing, _table_selection(value, key) if fmt != "zarr" else TableSelection())
+
+
+def _format_of(uri: str) -> str:
+    return "parquet" if uri.rstrip("/").endswith(".parquet") or any(c in uri for c in GLOB_CHARACTERS) else ""
+
+
+def _table_selection(value: dict[str, Any], key: str) -> TableSelection:
+    """``columns`` (names, or one string: a glob, or a name), ``column`` or neither; ``nulls``."""
+    columns, column = value.get("columns"), value.get("column")
+    nulls = _coerce(value.get("nulls", "error"), NULLS, f"{key}.nulls")
+    if column is not None:
+        if columns is not None:
+            raise SpecError(f"{key}.column: give columns (a matrix) or column (a vector), not both")
+        if not isinstance(column, str) or not column:
+            raise SpecError(f"{key}.column: expected a column name, got {column!r}")
+        return TableSelection(column=column, nulls=nulls)
+    if isinstance(columns, str) and any(c in columns for c in GLOB_CHARACTERS):
+        return TableSelection(glob=columns, nulls=nulls)
+    names = (columns,) if isinstance(columns, str) else columns if columns is not None else []
+    if not isinstance(names, list | tuple) or (columns is not None and not names) or \
+            not all(isinstance(c, str) and c for c in names):
+        raise SpecError(f"{key}.columns: expected a list of column names or a glob such as \"f*\", got {columns!r}")
+    if twice := next((c for i, c in enumerate(names) if c in names[:i]), None):
+        raise SpecError(f"{key}.columns: {twice!r} is named twice")
+    return TableSelection(columns=tuple(names), nulls=nulls)
 
 
 def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = None,
@@ -303,14 +359,14 @@ def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = 
     for extra in sorted(set(inputs_table) - set(job_class.inputs)):
         raise SpecError(f"inputs.{extra}: unknown input for {algorithm} (expected: {', '.join(job_class.inputs)})")
     inputs = {}
-    missing_chunks: dict[str, str] = {}
+    entries: dict[str, InputEntry] = {}
     for input_name in job_class.inputs:
         if input_name not in inputs_table:
             if input_name in job_class.optional_inputs:
                 continue
             raise SpecError(f"inputs.{input_name}: required input of {algorithm} is missing")
-        uri, missing_chunks[input_name] = _input_entry(inputs_table[input_name], f"inputs.{input_name}")
-        inputs[input_name] = parse_uri(uri, key=f"inputs.{input_name}", base=where(f"inputs.{input_name}.uri"))
+        entry = entries[input_name] = InputEntry.parse(inputs_table[input_name], f"inputs.{input_name}")
+        inputs[input_name] = parse_uri(entry.uri, key=f"inputs.{input_name}", base=where(f"inputs.{input_name}.uri"))
 
     params = table_to_dataclass(job_class.Params, raw.get("params", {}), "params")
     for f in dataclasses.fields(params):  # params naming an array: a path, resolved as the inputs are
@@ -326,6 +382,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = 
         raise SpecError(f"output.{sorted(set(output_table) - {'uri'})[0]}: unknown key (expected: uri)")
     output = parse_uri(_coerce(output_table["uri"], str, "output.uri"), key="output.uri", base=where("output.uri"))
     for input_name, location in inputs.items():
+        location = split_glob(location)[0]  # a glob's files lie under its directory
         if _within(location, output):
             raise SpecError(f"output.uri: {output} would overwrite inputs.{input_name}")
         if _within(output, location):
@@ -350,7 +407,9 @@ def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = 
         planner=planner,
         source=source,
         resolved=raw,
-        missing_chunks=missing_chunks,
+        missing_chunks={n: e.missing_chunks for n, e in entries.items()},
+        formats={n: e.format for n, e in entries.items()},
+        tables={n: e.table for n, e in entries.items() if e.format != "zarr"},
         run=run,
     )
 

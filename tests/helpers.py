@@ -65,6 +65,50 @@ def write_csr_group(uri: str, matrix, chunks: tuple[int, int, int] = (1000, 1000
         array[...] = values
 
 
+def write_parquet(uri: str, tables: list[Any], *, row_group_size: int, endpoint: str | None = None,
+                  names: list[str] | None = None) -> list[str]:
+    """Write each pyarrow table as one Parquet file under the directory or S3 prefix ``uri``
+    (``part-00000.parquet``, … unless ``names`` says), with plain pyarrow, as a user's own
+    pipeline would; returns the files' keys under ``uri``."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    keys = names or [f"part-{i:05d}.parquet" for i in range(len(tables))]
+    for key, table in zip(keys, tables, strict=True):
+        if uri.startswith("s3://"):
+            import boto3
+
+            buffer = io.BytesIO()
+            pq.write_table(table, buffer, row_group_size=row_group_size)
+            bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+            boto3.client("s3", endpoint_url=endpoint).put_object(
+                Bucket=bucket, Key=f"{prefix.rstrip('/')}/{key}".lstrip("/"), Body=buffer.getvalue())
+        else:
+            path = Path(uri) / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, str(path), row_group_size=row_group_size)
+    return keys
+
+
+def feature_tables(X: np.ndarray, y: np.ndarray | None, sizes: list[int]) -> list[Any]:
+    """X's columns as f0, f1, … and y as ``label`` (beside a string column ``note``), cut into
+    tables of ``sizes`` rows: the files of one dataset."""
+    import pyarrow as pa
+
+    tables, start = [], 0
+    for rows in sizes:
+        part = slice(start, start + rows)
+        columns = {f"f{j}": X[part, j] for j in range(X.shape[1])}
+        if y is not None:
+            columns["label"] = y[part]
+        columns["note"] = [f"row {i}" for i in range(part.start, part.stop)]
+        tables.append(pa.table(columns))
+        start += rows
+    assert start == X.shape[0]
+    return tables
+
+
 def sparse_logreg_data(n: int = 3000, d: int = 200, nnz_per_row: int = 8, seed: int = 0):
     """A CSR X of ``nnz_per_row`` non-zeros per row (some rows empty) and 0/1 labels from a
     sparse true weight vector."""
@@ -106,8 +150,10 @@ def logreg_data(n: int = 3000, d: int = 5, seed: int = 0) -> tuple[np.ndarray, n
     return X, y
 
 
-def write_spec(path: Path, *, inputs: dict[str, str], output: str, algorithm: str = "logreg",
+def write_spec(path: Path, *, inputs: dict[str, Any], output: str, algorithm: str = "logreg",
                params: str = "", storage: str = "", extra: str = "") -> Path:
+    """A spec file; an input is a URI, or a dict written as an inline table (strings and lists
+    of strings: ``{"uri": "…", "columns": ["f0"]}``)."""
     body = textwrap.dedent(f"""\
         [job]
         name = "test-{algorithm}"
@@ -115,7 +161,10 @@ def write_spec(path: Path, *, inputs: dict[str, str], output: str, algorithm: st
 
         [inputs]
         """)
-    body += "".join(f'{k} = "{v}"\n' for k, v in inputs.items())
+    for k, v in inputs.items():
+        value = "{ " + ", ".join(f"{kk} = {json.dumps(vv)}" for kk, vv in v.items()) + " }" \
+            if isinstance(v, dict) else f'"{v}"'
+        body += f"{k} = {value}\n"
     body += f"\n[params]\n{textwrap.dedent(params)}\n[output]\nuri = \"{output}\"\n"
     if storage:
         body += f"\n[storage]\n{textwrap.dedent(storage)}\n"

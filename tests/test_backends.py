@@ -115,6 +115,21 @@ class TestStorageBackend:
         assert (read.get_requests - before.get_requests, read.bytes_read - before.bytes_read) == (1, 64)
         assert backend.list().keys() >= {"zarr.json", "c/0/0", "c/1/0"}
 
+    def test_byte_ranges_and_tails_are_one_get_each_counted(self, backend):
+        backend.write_bytes("dir/file", bytes(range(100)))
+        counters = StorageCounters()
+        assert backend.read_range("dir/file", 10, 14, counters) == bytes([10, 11, 12, 13])
+        assert backend.read_range("dir/file", 95, 120, counters) == bytes(range(95, 100))  # ends with the object
+        assert backend.read_tail("dir/file", 3, counters) == (bytes([97, 98, 99]), 100)
+        assert backend.read_tail("dir/file", 500, counters) == (bytes(range(100)), 100)  # all of a shorter one
+        assert (counters.get_requests, counters.bytes_read) == (4, 4 + 5 + 3 + 100)
+        backend.write_bytes("empty", b"")
+        assert backend.read_tail("empty", 8) == (b"", 0)  # S3 answers a suffix range of nothing with a 200
+        with pytest.raises(FileNotFoundError):
+            backend.read_range("missing", 0, 4)
+        with pytest.raises(FileNotFoundError):
+            backend.read_tail("missing", 4)
+
     def test_read_only_store_refuses_writes(self, backend):
         zarr.create_array(store=backend.zarr_store(read_only=False), shape=(2,), chunks=(2,), dtype="int8")
         array = zarr.open_array(store=backend.zarr_store(read_only=True), mode="r")

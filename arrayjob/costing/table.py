@@ -18,7 +18,13 @@ def table(est: Estimate, choice: str = "") -> str:
             rows.append((("└─ " if i == len(items) - 1 else "├─ ") + name, qty, unit, cost))
 
     by = {s.name: s for s in est.stages}
-    load, fit, write = by["load"], est.stages[2], by["write"]  # stage 2: the job's compute stage
+    load, write = by["load"], by["write"]
+    fit = est.stages[est.stages.index(load) + 1]  # the job's compute stage (validate may come first)
+    if "validate" in by:  # what opening the inputs read: a sparse input's indptr, Parquet footers
+        stage_rows("validate", [
+            ("Storage read (metadata)", size(by["validate"].bytes_read), "", ""),
+            ("GET requests", f"{by['validate'].get_requests:,}", "requests", ""),
+        ])
     if est.scale_up_seconds:
         stage_rows("scale up", [(f"Start {est.nodes_added} × {est.instance.name} (autoscaler)",
                                  f"{est.scale_up_seconds:.1f}", "s", "")])

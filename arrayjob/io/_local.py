@@ -31,6 +31,17 @@ class LocalBackend(StorageBackend):
         with open(self._path(key), "rb") as f:
             return f.read()
 
+    def _read_range(self, key: str, start: int, stop: int) -> bytes:
+        with open(self._path(key), "rb") as f:
+            f.seek(start)
+            return f.read(max(0, stop - start))
+
+    def _read_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        with open(self._path(key), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - length))
+            return f.read(), size
+
     def write_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
         path = self._path(key)
         for attempt in range(3):

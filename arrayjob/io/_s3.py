@@ -254,6 +254,27 @@ class S3Backend(StorageBackend):
         with _as_oserror(self._key(key)):
             return self._retry(lambda: bytes(obstore.get(self._store, self._key(key)).bytes()))
 
+    def _read_range(self, key: str, start: int, stop: int) -> bytes:
+        if stop <= start:
+            return b""
+        with _as_oserror(self._key(key)):
+            return self._retry(lambda: bytes(obstore.get_range(self._store, self._key(key), start=start, end=stop)))
+
+    def _read_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        def get() -> tuple[bytes, int]:
+            try:
+                result = obstore.get(self._store, self._key(key), options={"range": {"suffix": length}})
+            except GenericError as exc:
+                if "non-partial response" not in str(exc):
+                    raise
+                # an empty object: the server answers a suffix range with all of it (200, not 206)
+                result = obstore.get(self._store, self._key(key))
+            data = bytes(result.bytes())
+            return data[-length:] if length else b"", int(result.meta["size"])
+
+        with _as_oserror(self._key(key)):
+            return self._retry(get)
+
     def write_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
         with _as_oserror(self._key(key)):
             self._retry(lambda: obstore.put(self._store, self._key(key), data, mode="create" if exclusive else "overwrite"),

@@ -2,8 +2,8 @@
 
 Only metadata is read on the driver (``open_array_info``; a sparse group's in ``io.sparse``);
 chunks are read by whichever process runs ``read_block``, so the driver never holds a big
-array. ``read_block`` reads a dense array's block (``io.dense``) or a sparse group's row block
-(``io.sparse``), whichever ``info`` is.
+array. ``read_block`` reads a dense array's block (``io.dense``), a sparse group's row block
+(``io.sparse``) or a Parquet dataset's (``io.parquet_blocks``), whichever ``info`` is.
 """
 
 from __future__ import annotations
@@ -65,7 +65,10 @@ def check_chunks_stored(info: ArrayInfo, options: StorageOptions) -> None:
     """Check that the first and the last chunk (or shard) of ``info`` exist: two HEAD requests
     that catch metadata declaring a shape the stored data do not have, before any planning.
     An empty array, or one whose missing chunks are to be read as fill values, passes. Of a
-    sparse group, the chunks of ``data`` and ``indices`` (``indptr`` was read whole)."""
+    sparse group, the chunks of ``data`` and ``indices`` (``indptr`` was read whole). A Parquet
+    dataset passes: opening it read every file's footer, at its end."""
+    if info.table is not None:
+        return
     if info.sparse is not None:
         for member in stored_members(info):
             if member != "indptr":
@@ -118,7 +121,14 @@ def read_block(info: ArrayInfo, selection: tuple[slice, ...], options: StorageOp
     CSR matrix of the rows ``selection[0]``; returns it and the requests it took.
 
     A missing chunk (unless ``info.missing_chunks`` is "fill") or a chunk that fails to decode
-    (a checksum mismatch, bytes of the wrong size) is an ``InputError`` naming it."""
+    (a checksum mismatch, bytes of the wrong size) is an ``InputError`` naming it; so is a null
+    in a Parquet column (``info.table``), unless its input reads nulls as 0."""
+    if info.table is not None:
+        from arrayjob.io.parquet_blocks import (
+            read_table_block,  # pyarrow, only where Parquet is read
+        )
+
+        return read_table_block(info, selection, options)
     if info.sparse is not None:
         return read_sparse_block(info, selection, options)
     return read_dense_block(info, selection, options)

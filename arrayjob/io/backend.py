@@ -158,6 +158,28 @@ class StorageBackend(ABC):
     def delete(self, prefix: str = "") -> None:
         """Delete the object ``prefix`` and every object under ``prefix/``; nothing there is fine."""
 
+    # byte ranges of one object (a Parquet file's footer and column chunks), each one GET,
+    # counted into ``counters`` as a Zarr store counts its own
+
+    def read_range(self, key: str, start: int, stop: int, counters: StorageCounters | None = None) -> bytes:
+        """Bytes [start, stop) of the object ``key`` (fewer if it ends first): one ranged GET."""
+        data = self._read_range(key, start, stop)
+        _count_get(counters, data)
+        return data
+
+    def read_tail(self, key: str, length: int, counters: StorageCounters | None = None) -> tuple[bytes, int]:
+        """The last ``length`` bytes of the object ``key`` (all of it, if shorter) and its size
+        in bytes: one GET (a suffix range on S3, which needs no size first)."""
+        data, size = self._read_tail(key, length)
+        _count_get(counters, data)
+        return data, size
+
+    @abstractmethod
+    def _read_range(self, key: str, start: int, stop: int) -> bytes: ...
+
+    @abstractmethod
+    def _read_tail(self, key: str, length: int) -> tuple[bytes, int]: ...
+
     def bucket_exists(self) -> bool:
         """Whether the bucket the location lies in exists (a filesystem has none: True)."""
         return True
@@ -179,6 +201,12 @@ class StorageBackend(ABC):
         """Create the empty object ``key`` and delete it again, with no retries to speak of;
         ``OSError`` saying why it cannot be written. Returns the bytes free for objects
         here, or None where storage sets no limit."""
+
+
+def _count_get(counters: StorageCounters | None, data: bytes) -> None:
+    if counters is not None:
+        counters.get_requests += 1
+        counters.bytes_read += len(data)
 
 
 def backend_for(location: Location, options: StorageOptions) -> StorageBackend:

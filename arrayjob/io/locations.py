@@ -8,6 +8,7 @@ working directory).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import os
@@ -86,6 +87,20 @@ def parse_uri(text: str, *, key: str = "uri", base: str | None = None) -> Locati
     return Location("file", os.path.abspath(os.path.join(base or "", text)))
 
 
+GLOB_CHARACTERS = "*?["
+
+
+def split_glob(location: Location) -> tuple[Location, str]:
+    """A location whose path holds a glob (``s3://b/features/part-*.parquet``) as the directory
+    before its first wildcard and the pattern under it; any other location as itself and ""."""
+    path = location.path
+    first = min((i for i in map(path.find, GLOB_CHARACTERS) if i >= 0), default=-1)
+    if first < 0:
+        return location, ""
+    root = path.rfind("/", 0, first)
+    return dataclasses.replace(location, path=path[:root]), path[root + 1:]
+
+
 @dataclass
 class StorageCounters:
     """Requests and bytes, counted by the store that made them."""
@@ -156,11 +171,92 @@ class SparseLayout:
 
 
 @dataclass(frozen=True)
+class TableSelection:
+    """What ``[inputs]`` takes of a Parquet dataset: ``columns`` (names, in this order), a
+    ``glob`` over the column names (in the files' order), one ``column`` (a vector), or, with
+    none of them, every column; and what a null means ("error", or "zero": read as 0)."""
+
+    columns: tuple[str, ...] = ()
+    glob: str | None = None
+    column: str | None = None
+    nulls: str = "error"
+
+    def describe(self) -> str:
+        """The selection as the spec wrote it, e.g. ``f*``, ``f0,f1``, ``label``; ``*`` for all."""
+        return self.column or self.glob or ",".join(self.columns) or "*"
+
+
+@dataclass(frozen=True)
+class RowGroupChunks:
+    """One row group of a Parquet dataset as the planner sees it (from its file's footer): where
+    it is, its rows, and per selected leaf column its column chunk's (offset, compressed bytes,
+    uncompressed bytes) in the file."""
+
+    file: int  # into TableLayout.files
+    index: int  # the row group's index within its file
+    rows: int
+    chunks: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """A Parquet dataset (files under ``ArrayInfo.location``) read as a dense matrix of the
+    selected numeric columns, or as a vector of one; read by ``io.parquet``.
+
+    ``offsets`` holds the first row of each row group in the dataset, then the rows; a block
+    of rows [r0, r1) reads every row group it overlaps, whole, of its selected columns only,
+    so two blocks that share a row group both read it. ``footers`` are the files' footers as
+    stored: the workers decode column chunks with them and read nothing else.
+    """
+
+    selection: TableSelection
+    columns: tuple[str, ...]  # the selected columns, in matrix order
+    list_size: int | None  # the one FixedSizeList column's width, if the matrix is that column
+    files: tuple[str, ...]  # keys under the location ("": the location is the file), in row order
+    sizes: tuple[int, ...]  # of each file, in bytes
+    footers: tuple[bytes, ...]  # of each file: its metadata, length and magic, as stored
+    row_groups: tuple[RowGroupChunks, ...]  # in row order, none empty
+    offsets: tuple[int, ...]
+
+    def groups(self, start: int, stop: int) -> range:
+        """The row groups rows [start, stop) overlap."""
+        if stop <= start:
+            return range(0)
+        return range(bisect.bisect_right(self.offsets, start) - 1, bisect.bisect_left(self.offsets, stop))
+
+    def leaves(self, cols: slice) -> range:
+        """The selected leaf columns that hold matrix columns ``cols`` (a list column: its one)."""
+        return range(1) if self.list_size is not None else range(cols.start, cols.stop)
+
+    def ranges(self, rows: slice, cols: slice) -> list[tuple[int, int, int]]:
+        """The (file, start, stop) byte ranges reading rows ``rows`` of columns ``cols`` takes:
+        each column chunk of its row groups, those that touch in a file joined into one, so
+        one GET each (the selected columns of a row group are usually one range)."""
+        pieces = sorted((g.file, offset, offset + length)
+                        for g in (self.row_groups[i] for i in self.groups(rows.start, rows.stop))
+                        for offset, length, _ in (g.chunks[j] for j in self.leaves(cols)))
+        joined: list[tuple[int, int, int]] = []
+        for file, start, stop in pieces:
+            if joined and joined[-1][0] == file and joined[-1][2] >= start:
+                joined[-1] = (file, joined[-1][1], max(joined[-1][2], stop))
+            else:
+                joined.append((file, start, stop))
+        return joined
+
+    @property
+    def compressed_bytes(self) -> int:
+        """The bytes of every selected column chunk, as stored."""
+        return sum(length for g in self.row_groups for _, length, _ in g.chunks)
+
+
+@dataclass(frozen=True)
 class ArrayInfo:
     """What the planner knows of a stored array: its place, shape, dtype and storage chunks.
 
     A sparse matrix (``sparse`` set) is planned as an (n, d) array of ``dtype`` cut into row
-    blocks of ``chunks[0]`` rows; its bytes are those its non-zeros take, not n × d.
+    blocks of ``chunks[0]`` rows; its bytes are those its non-zeros take, not n × d. A Parquet
+    dataset (``table`` set) is a dense float64 (n, d) matrix or (n,) vector whose blocks read
+    the row groups they overlap (``zarr_format`` 0: not Zarr).
     """
 
     name: str
@@ -173,9 +269,14 @@ class ArrayInfo:
     # read as the fill value); ``[inputs]`` sets it per input
     missing_chunks: str = "error"
     sparse: SparseLayout | None = None
+    table: TableLayout | None = None
 
     @property
     def uri(self) -> str:
+        """Where it is stored; of a Parquet input, with its columns (``…/features#f*``): X and y
+        may be columns of the same files, and the planner tells stored arrays apart by this."""
+        if self.table is not None:
+            return f"{self.location}#{self.table.selection.describe()}"
         return str(self.location)
 
     @property
@@ -209,7 +310,12 @@ class ArrayInfo:
     def block_reads(self, selection: tuple[slice, ...]) -> tuple[int, int]:
         """(bytes, GET requests) reading block ``selection`` takes: the stored chunks it touches,
         each read whole (a dense block covers whole chunks; a sparse one also reads the chunks of
-        ``data`` and ``indices`` it shares with its neighbours)."""
+        ``data`` and ``indices`` it shares with its neighbours; a Parquet block the selected
+        column chunks of every row group it overlaps, ``TableLayout.ranges``)."""
+        if self.table is not None:
+            cols = selection[1] if len(selection) > 1 else slice(0, 1)
+            ranges = self.table.ranges(selection[0], cols)
+            return sum(stop - start for _, start, stop in ranges), len(ranges)
         if self.sparse is None:
             requests = math.prod(math.ceil(s.stop / c) - s.start // c
                                  for s, c in zip(selection, self.chunks, strict=True))

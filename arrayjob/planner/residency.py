@@ -251,7 +251,7 @@ def _refuse(physical: PhysicalPlan, block: SourceBlock, nbytes: int, room: int, 
     row_bytes = nbytes // max(1, source.grid.block_shape[0]) or 1
     rows = max(1, room // 2 // row_bytes)
     chunk_bytes = math.prod(info.chunks) * (nbytes // max(1, math.prod(source.grid.block_shape)))
-    hint = f"store inputs.{info.name} in chunks of at most {rows:,} rows"
+    hint = f"store inputs.{info.name} in {'row groups' if info.table is not None else 'chunks'} of at most {rows:,} rows"
     if chunk_bytes <= room:
         # the tiling aims at about 2 blocks per worker: enough workers make blocks small enough
         total = math.prod(info.shape) * (nbytes // max(1, math.prod(source.grid.block_shape)))

@@ -44,6 +44,10 @@ def arrays(plan: Plan) -> list[dict[str, Any]]:
             entry["block"] = list(grid.block_shape)
         if isinstance(n.attrs, Source) and n.attrs.array.sparse is not None:
             entry["sparse"] = _sparse(n.attrs.array, plan.grid(i) if plan.tilings is not None else None)
+        if isinstance(n.attrs, Source) and (table := n.attrs.array.table) is not None:
+            entry["parquet"] = {"files": len(table.files), "row_groups": len(table.row_groups),
+                                "columns": list(table.columns), "list_size": table.list_size,
+                                "stored_bytes": table.compressed_bytes}
         out.append(entry)
     return out
 
@@ -130,6 +134,13 @@ def to_text(plan: Plan, title: str = "") -> str:
                       if "block_nnz" in sp else "")
             lines.append(f"{a['name']}: sparse ({sp['format'].upper()}), {sp['nnz']:,} non-zeros "
                          f"({sp['density']:.3g} of the entries), {size(sp['nbytes'])} in memory{blocks}")
+        if "parquet" in a:
+            pq = a["parquet"]
+            names = ", ".join(pq["columns"][:4]) + (", …" if len(pq["columns"]) > 4 else "")
+            what = f"column {names} ({pq['list_size']} wide)" if pq["list_size"] else \
+                f"{len(pq['columns'])} column(s) ({names})"
+            lines.append(f"{a['name']}: Parquet, {pq['files']} file(s), {pq['row_groups']} row groups, {what}, "
+                         f"{size(pq['stored_bytes'])} stored")
     if doc["kernels"]:
         lines.append("")
         lines.append(f"kernels ({len(doc['kernels'])}):")

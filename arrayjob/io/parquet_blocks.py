@@ -1,0 +1,165 @@
+"""Parquet row blocks, read by the worker that is to hold them (never the driver, for a big
+input): the byte ranges ``TableLayout.ranges`` names, one ranged GET each through the storage
+backend (obstore on S3, as every other read), decoded by pyarrow's Parquet reader from those
+bytes and the file's footer the layout carries. Nothing else is read, so a block's requests
+are exactly ``ArrayInfo.block_reads``; ``io.arrays.read_block`` dispatches here.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from arrayjob.errors import InputError, StorageError
+from arrayjob.io.backend import StorageBackend, backend_for, describe_failure
+from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
+from arrayjob.io.parquet import MAGIC
+
+
+def read_table_block(info: ArrayInfo, selection: tuple[slice, ...],
+                     options: StorageOptions) -> tuple[np.ndarray, StorageCounters]:
+    """Read rows ``selection[0]`` (of columns ``selection[1]``) of Parquet ``info`` as a float64
+    array; returns it and the requests it took: one ranged GET per byte range of
+    ``TableLayout.ranges`` (the selected column chunks of every row group the rows overlap),
+    exactly ``info.block_reads(selection)``. pyarrow decodes the fetched column chunks with
+    the file's footer from the layout, so nothing else is read.
+
+    A null in a selected column is an ``InputError`` naming the column, the file, the row group
+    and the row, unless ``nulls = "zero"``: then it reads as 0."""
+    layout = info.table
+    assert layout is not None
+    rows = selection[0]
+    cols = selection[1] if len(selection) > 1 else slice(0, 1)
+    counters = StorageCounters()
+    backend = backend_for(info.location, options)
+    fetched: dict[int, dict[int, bytes]] = {}
+    for file, start, stop in layout.ranges(rows, cols):
+        fetched.setdefault(file, {})[start] = _fetch(info, backend, file, start, stop, counters)
+    names = list(layout.columns) if layout.list_size is not None else list(layout.columns[cols])
+    out = np.empty((rows.stop - rows.start, cols.stop - cols.start))
+    for i in layout.groups(rows.start, rows.stop):
+        group, first = layout.row_groups[i], layout.offsets[i]
+        lo, hi = max(rows.start, first), min(rows.stop, first + group.rows)
+        source = _Fetched(layout.sizes[group.file], fetched.get(group.file, {}),
+                          lambda start, stop, f=group.file: _fetch(info, backend, f, start, stop, counters))
+        try:
+            parquet = pq.ParquetFile(source, metadata=_metadata(layout.footers[group.file]), pre_buffer=False)
+            table = parquet.read_row_group(group.index, columns=names, use_threads=False)
+        except (InputError, StorageError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - pyarrow could not decode what was read
+            raise InputError(f"inputs.{info.name}: row group {group.index} of {_file(info, group.file)} is corrupt: "
+                             f"{describe_failure(exc)}") from None
+        values = _values(info, table.slice(lo - first, hi - lo), names, i, lo)
+        out[lo - rows.start:hi - rows.start] = values[:, cols] if layout.list_size is not None else values
+    return (out[:, 0] if len(info.shape) == 1 else out), counters
+
+
+def _file(info: ArrayInfo, file: int) -> Location:
+    assert info.table is not None
+    key = info.table.files[file]
+    return info.location.join(key) if key else info.location
+
+
+def _fetch(info: ArrayInfo, backend: StorageBackend, file: int, start: int, stop: int,
+           counters: StorageCounters) -> bytes:
+    assert info.table is not None
+    try:
+        return backend.read_range(info.table.files[file], start, stop, counters)
+    except FileNotFoundError:
+        raise InputError(f"inputs.{info.name}: {_file(info, file)} is missing: lost data (it was there when "
+                         "the job was planned)") from None
+    except Exception as exc:  # noqa: BLE001
+        raise StorageError(f"inputs.{info.name}: reading bytes {start:,} to {stop:,} of {_file(info, file)} failed: "
+                           f"{describe_failure(exc)}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _metadata(footer: bytes) -> Any:
+    """A file's metadata, decoded by pyarrow from its footer bytes (once per worker process)."""
+    return pq.read_metadata(pa.BufferReader(MAGIC + footer))
+
+
+class _Fetched(io.RawIOBase):
+    """The column chunks fetched of one file, as the file pyarrow's reader reads them from: a
+    read outside them (pyarrow asks no more than the ranges the layout gives, except of files
+    from parquet-mr before 1.2.9, which it pads) is fetched then, one GET, counted."""
+
+    def __init__(self, size: int, parts: dict[int, bytes], fetch: Any) -> None:
+        super().__init__()
+        self._size, self._parts, self._fetch, self._position = size, parts, fetch, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
+        self._position = base + offset
+        return self._position
+
+    def read(self, size: int | None = -1) -> bytes:
+        start = self._position
+        stop = self._size if size is None or size < 0 else min(self._size, start + size)
+        data = next((part[start - at:stop - at] for at, part in self._parts.items()
+                     if at <= start and stop <= at + len(part)), None)
+        if data is None:
+            data = self._fetch(start, stop)
+        self._position = start + len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _values(info: ArrayInfo, table: pa.Table, names: list[str], group: int, first_row: int) -> np.ndarray:
+    """The rows of ``table`` (from row ``first_row`` of the dataset, in row group ``group``) as a
+    float64 matrix, one column per name (a FixedSizeList column: one per element); a null is
+    refused or read as 0, as ``nulls`` says."""
+    layout = info.table
+    assert layout is not None
+    zero = layout.selection.nulls == "zero"
+    if layout.list_size is not None:
+        lists = table.column(names[0]).combine_chunks()
+        k = layout.list_size
+        values = lists.values.slice(lists.offset * k, len(lists) * k)  # a null list's slots too
+        null_lists = lists.is_null().to_numpy(zero_copy_only=False)
+        nulls = null_lists | values.is_null().to_numpy(zero_copy_only=False).reshape(-1, k).any(axis=1)
+        if nulls.any() and not zero:
+            raise _null(info, names[0], group, first_row + int(np.argmax(nulls)))
+        matrix = np.asarray(pc.fill_null(values, 0).to_numpy(zero_copy_only=False), dtype=np.float64).reshape(-1, k)
+        matrix[null_lists] = 0.0
+        return matrix
+    out = np.empty((table.num_rows, len(names)))
+    for j, name in enumerate(names):
+        column = table.column(name)
+        if column.null_count:
+            if not zero:
+                nulls = column.is_null().to_numpy()
+                raise _null(info, name, group, first_row + int(np.argmax(nulls)))
+            column = pc.fill_null(column, 0)
+        out[:, j] = column.to_numpy()
+    return out
+
+
+def _null(info: ArrayInfo, column: str, group: int, row: int) -> InputError:
+    layout = info.table
+    assert layout is not None
+    chunk = layout.row_groups[group]
+    file_start = layout.offsets[next(i for i, g in enumerate(layout.row_groups) if g.file == chunk.file)]
+    return InputError(f"inputs.{info.name}: column {column!r} holds a null at row {row:,} (row {row - file_start:,} "
+                      f"of {_file(info, chunk.file)}, in its row group {chunk.index}); nulls = \"zero\" in [inputs] "
+                      "reads nulls as 0")
