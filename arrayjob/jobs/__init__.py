@@ -8,11 +8,13 @@ from arrayjob.jobs.kmeans import KMeans
 from arrayjob.jobs.linreg import LinearRegression
 from arrayjob.jobs.logreg import LogisticRegression
 from arrayjob.jobs.pagerank import PageRank
+from arrayjob.jobs.predict import Predict
 from arrayjob.jobs.tensor import CPALS, MTTKRP
 from arrayjob.jobs.tsqr import TSQR
 
 JOBS: dict[str, type[Job]] = {
-    job.name: job for job in (LogisticRegression, LinearRegression, KMeans, TSQR, MTTKRP, CPALS, PageRank)
+    job.name: job for job in (LogisticRegression, LinearRegression, KMeans, TSQR, MTTKRP, CPALS, PageRank,
+                                 Predict)
 }
 
 

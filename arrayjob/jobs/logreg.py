@@ -39,7 +39,6 @@ from arrayjob.jobs.base import (
 from arrayjob.planner.kernel import Kernel
 from arrayjob.units import size
 
-
 # Newton's d × d Hessian comes back from every block: 512 MB at this many features
 NEWTON_MAX_FEATURES = 8192
 
