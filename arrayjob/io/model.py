@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrayjob.errors import InputError
+from arrayjob.errors import InputError, StorageError
 from arrayjob.io.arrays import open_array_info, read_group_attrs
 from arrayjob.io.locations import ArrayInfo, Location, StorageOptions
 from arrayjob.io.output import read_published_report
@@ -33,7 +33,8 @@ from arrayjob.io.output import read_published_report
 class PublishedModel:
     """The model an arrayjob run published at ``location``: which run, what it fitted and how."""
 
-    name: str  # the input it is: "inputs.<name>" in errors, "<name>.<array>" its arrays' names
+    name: str  # the input it is: "<name>.<array>" its arrays' names
+    key: str  # how errors name it: "inputs.<name>" (a job's input), "MODEL_URI" (a command's)
     location: Location  # the output URI the user gave
     run_id: str  # the run ``_SUCCESS`` named when the model was opened
     result: Location  # that run's result.zarr
@@ -50,24 +51,25 @@ class PublishedModel:
         except InputError as exc:
             if "no Zarr array" not in str(exc):
                 raise
-            raise InputError(f"inputs.{self.name}: the {self.algorithm} model of run {self.run_id} at "
+            raise InputError(f"{self.key}: the {self.algorithm} model of run {self.run_id} at "
                              f"{self.location} has no array {member!r}") from None
 
     def describe(self) -> str:
         return f"the {self.algorithm} model of run {self.run_id} at {self.location}"
 
 
-def open_model(name: str, location: Location, options: StorageOptions) -> PublishedModel:
-    """Open the model published at ``location`` (``inputs.<name>`` in errors): the run its
-    ``_SUCCESS`` names, that run's algorithm and parameters, its result's attributes.
+def open_model(name: str, location: Location, options: StorageOptions, *, key: str | None = None) -> PublishedModel:
+    """Open the model published at ``location`` (``key``, by default ``inputs.<name>``, in
+    errors): the run its ``_SUCCESS`` names, that run's algorithm and parameters, its result's
+    attributes.
 
     Nothing published there, or a report that names no algorithm: ``InputError`` (exit 2);
     storage that refuses or does not answer: ``StorageError`` (exit 4)."""
-    key = f"inputs.{name}"
+    key = key or f"inputs.{name}"
     try:
         manifest, report = read_published_report(location, options)
-    except InputError as exc:
-        raise InputError(f"{key}: {exc}") from None
+    except (InputError, StorageError) as exc:
+        raise type(exc)(f"{key}: {exc}") from None
     spec = report.get("spec")
     algorithm = report.get("algorithm")
     if not isinstance(spec, dict) or not isinstance(algorithm, str):
@@ -80,5 +82,5 @@ def open_model(name: str, location: Location, options: StorageOptions) -> Publis
         attrs = read_group_attrs(result, options)
     except InputError as exc:
         raise InputError(f"{key}: {exc}") from None
-    return PublishedModel(name, location, str(manifest.get("run_id", "?")), result, algorithm,
+    return PublishedModel(name, key, location, str(manifest.get("run_id", "?")), result, algorithm,
                           dict(params) if isinstance(params, dict) else {}, attrs, options)

@@ -147,7 +147,7 @@ def scorer_for(model: PublishedModel) -> Scorer:
     try:
         return SCORERS[model.algorithm]
     except KeyError:
-        raise InputError(f"inputs.{model.name}: {model.describe()} cannot be scored by predict "
+        raise InputError(f"{model.key}: {model.describe()} cannot be scored by predict "
                          f"(it scores models of: {', '.join(sorted(SCORERS))})") from None
 
 
@@ -159,7 +159,7 @@ def model_arrays(model: PublishedModel) -> tuple[Scorer, dict[str, ArrayInfo], i
     try:
         features = scorer.features({name: info.shape for name, info in infos.items()})
     except ValueError as exc:
-        raise InputError(f"inputs.{model.name}: {model.describe()} has {exc}") from None
+        raise InputError(f"{model.key}: {model.describe()} has {exc}") from None
     return scorer, infos, features
 
 
@@ -225,7 +225,7 @@ class Predict(Job):
                 for name in self.scorer.arrays}
         for name, value in read.items():
             if np.dtype(value.dtype).kind not in "biuf" or not np.isfinite(value).all():
-                raise InputError(f"inputs.model: {self.model.describe()}: {name} holds NaN, infinite or "
+                raise InputError(f"{self.model.key}: {self.model.describe()}: {name} holds NaN, infinite or "
                                  "non-numeric values")
         return self.scorer.values(read)
 
