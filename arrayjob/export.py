@@ -15,8 +15,9 @@ centroids), and builds the scikit-learn estimator with the fitted attributes set
 - ``kmeans``: ``KMeans`` (``cluster_centers_``, ``inertia_``, ``n_iter_``; the per-row
   ``labels_`` stay in result.zarr).
 
-The estimator is saved with skops (``skops.io.dump``; load it with ``skops.io.load`` and the
-types ``skops.io.get_untrusted_types`` lists once checked). ``--format onnx`` converts the
+The estimator is saved with skops (``skops.io.dumps``), which loads without unpickling code:
+``skops.io.load(path)`` (its types are scikit-learn's and NumPy's, trusted by default;
+``skops.io.get_untrusted_types`` lists any other). ``--format onnx`` converts the
 same estimator with skl2onnx (input ``X``: float64, n × d; outputs ``label`` and
 ``probabilities`` for a classifier, ``variable`` for a regressor, ``label`` and ``scores`` for
 k-means), which needs the ``onnx`` extra (``pip install 'arrayjob[onnx]'``). The file is

@@ -230,7 +230,8 @@ def publish_model(output: str | Path, algorithm: str, arrays: dict[str, np.ndarr
     group = zarr.open_group(str(root / prefix / "result.zarr"), mode="w", zarr_format=3)
     group.attrs.update(attrs or {})
     for name, value in arrays.items():
-        group.create_array(name, data=np.asarray(value))
+        # every chunk stored, as arrayjob writes results (zarr skips chunks of zeros otherwise)
+        group.create_array(name, data=np.asarray(value), config={"write_empty_chunks": True})
     spec = {"job": {"name": f"{algorithm}-model", "algorithm": algorithm}, "params": params or {}}
     (root / prefix / "report.json").write_text(json.dumps({"algorithm": algorithm, "spec": spec}))
     (root / "_SUCCESS").write_text(json.dumps({"run_id": run_id, "prefix": prefix}))
