@@ -7,8 +7,9 @@ everything is written (see ``io.output``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info
 from arrayjob.io.backend import storage_retries
 from arrayjob.io.checkpoint import Checkpoints, CheckpointStore, kill_point
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, TableSelection
+from arrayjob.io.model import PublishedModel, open_model
 from arrayjob.io.output import JobOutput
 from arrayjob.io.sparse import is_sparse_group, open_sparse_info
 from arrayjob.jobs import JOBS, get_job
@@ -48,7 +50,16 @@ class RunOutcome:
     description: str = ""
 
 
-def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str, ArrayInfo]:
+def open_models(spec: JobSpec) -> dict[str, PublishedModel]:
+    """Open every input the job takes as a published model (``Job.model_inputs``, ``io.model``):
+    the run its ``_SUCCESS`` names, that run's algorithm, parameters and result attributes."""
+    job = get_job(spec.algorithm)
+    return {name: open_model(name, location, spec.storage)
+            for name, location in spec.inputs.items() if name in job.model_inputs}
+
+
+def open_inputs(spec: JobSpec, reads: StorageCounters | None = None,
+                models: Mapping[str, PublishedModel] | None = None) -> dict[str, ArrayInfo]:
     """Read every input's metadata; a missing one is named with how to create demo data.
 
     An input the job takes sparse (``Job.sparse_inputs``) may be a sparse matrix group
@@ -58,11 +69,16 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str
     (``indptr``, ``indices`` and a ``shape`` attribute); its ``data``, if any, is not read.
     An input given as Parquet, or found to be a Parquet dataset where no Zarr array is, is
     read as a dense matrix (``io.parquet``): opening it reads its files' footers, counted into
-    ``reads``.
+    ``reads``. Inputs that are models (``open_models``) are left out; each input's shape is
+    checked against ``models`` (``Job.check_shape``) as soon as it is known, before a sparse
+    input's ``indptr`` is read.
     """
     arrays = {}
     job = get_job(spec.algorithm)
+    models = models or {}
     for name, location in spec.inputs.items():
+        if name in job.model_inputs:
+            continue
         missing = spec.missing_chunks.get(name, "error")
         if spec.formats.get(name) == "parquet":
             arrays[name] = _open_table(name, location, spec, reads)
@@ -81,7 +97,8 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str
                                  f"takes a dense array here (sparse input: {', '.join(takes)})") from None
             pattern = name in job.pattern_inputs
             if encoding or (group and pattern):
-                opened = open_sparse_info(name, location, spec.storage, missing_chunks=missing, pattern=pattern)
+                opened = open_sparse_info(name, location, spec.storage, missing_chunks=missing, pattern=pattern,
+                                          check_shape=functools.partial(job.check_shape, name, models=models))
                 if reads is not None:
                     reads.add(opened.counters)
                 arrays[name] = opened.info
@@ -90,6 +107,7 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None) -> dict[str
                 parent = str(location).rsplit("/", 1)[0]
                 raise InputError(f"{exc} (demo data: arrayjob datagen {spec.algorithm} {parent})") from None
             raise
+        job.check_shape(name, arrays[name].shape, models)
     return arrays
 
 
@@ -142,8 +160,9 @@ def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
     exist, so metadata declaring far more data than is stored is refused at once (two HEAD
     requests per input; ``plan`` and ``estimate`` read metadata only)."""
     reads = StorageCounters()
-    arrays = open_inputs(spec, reads)
-    job = get_job(spec.algorithm)(spec.params, arrays, spec.storage)  # shapes and dtypes first
+    models = open_models(spec)  # published outputs the job reads as models: the report, the attributes
+    arrays = open_inputs(spec, reads, models)
+    job = get_job(spec.algorithm)(spec.params, arrays, spec.storage, models)  # shapes and dtypes first
     job.metadata_reads = reads
     if check_chunks:
         check_inputs(job)

@@ -284,3 +284,23 @@ class ManualClock(LeaseClock):
     def _move_to(self, elapsed: float) -> None:
         self.now += elapsed - self.elapsed
         self.elapsed = elapsed
+
+
+def publish_model(output: str | Path, algorithm: str, arrays: dict[str, np.ndarray], *,
+                  params: dict[str, Any] | None = None, attrs: dict[str, Any] | None = None,
+                  run_id: str = "20250101T000000Z-handmade") -> str:
+    """Lay out a published arrayjob output by hand, as a run of ``algorithm`` publishes one
+    (``io.output``): ``runs/<run id>/result.zarr`` holding ``arrays`` and ``attrs``, its
+    ``report.json`` naming the algorithm and the spec's ``params``, and ``_SUCCESS`` naming the
+    run. For models no arrayjob job fits yet (a multinomial logistic regression's (K, d) coef)."""
+    root = Path(output)
+    prefix = f"runs/{run_id}"
+    group = zarr.open_group(str(root / prefix / "result.zarr"), mode="w", zarr_format=3)
+    group.attrs.update(attrs or {})
+    for name, value in arrays.items():
+        # every chunk stored, as arrayjob writes results (zarr skips chunks of zeros otherwise)
+        group.create_array(name, data=np.asarray(value), config={"write_empty_chunks": True})
+    spec = {"job": {"name": f"{algorithm}-model", "algorithm": algorithm}, "params": params or {}}
+    (root / prefix / "report.json").write_text(json.dumps({"algorithm": algorithm, "spec": spec}))
+    (root / "_SUCCESS").write_text(json.dumps({"run_id": run_id, "prefix": prefix}))
+    return str(root)

@@ -23,7 +23,7 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
 from arrayjob.spec import table_to_dataclass
-from tests.helpers import logreg_data, write_adjacency_group
+from tests.helpers import logreg_data, publish_model, write_adjacency_group
 
 CLUSTER = ClusterShape(nodes=2, workers_per_node=2)
 
@@ -131,6 +131,18 @@ def pagerank(put, tmp_path, csr=False):
     return make_job("pagerank", {"edges": opened.info}, tol=1e-10), None
 
 
+def predict(put, tmp_path, algorithm):
+    from arrayjob.io.model import open_model
+
+    rng = np.random.default_rng(3)
+    fitted = {"logreg": {"coef": rng.standard_normal((3, 4)), "intercept": rng.standard_normal(3)},
+              "kmeans": {"centroids": rng.standard_normal((5, 4))}}[algorithm]
+    model = open_model("model", parse_uri(publish_model(tmp_path / "model", algorithm, fitted)), StorageOptions())
+    job = get_job("predict")(table_to_dataclass(get_job("predict").Params, {}, "params"),
+                             {"X": put("X", rng.standard_normal((900, 4)), (300, 4))}, models={"model": model})
+    return job, ResultGroup(parse_uri(str(tmp_path / "result.zarr")), StorageOptions())
+
+
 CASES = {
     "logreg-lbfgs": (logreg, {"solver": "lbfgs"}),
     "logreg-newton": (logreg, {"solver": "newton"}),
@@ -144,6 +156,8 @@ CASES = {
     "cp_als": (cp_als, {}),
     "pagerank-edges": (pagerank, {}),
     "pagerank-csr": (pagerank, {"csr": True}),
+    "predict-logreg": (predict, {"algorithm": "logreg"}),
+    "predict-kmeans": (predict, {"algorithm": "kmeans"}),
 }
 
 

@@ -282,6 +282,26 @@ def show(output_uri: str, as_json: bool, endpoint_url: str | None, aws_profile: 
 
 
 @cli.command()
+@click.argument("model_uri")
+@click.option("--format", "fmt", type=click.Choice(["sklearn", "onnx"]), default="sklearn", show_default=True,
+              help="sklearn: a scikit-learn estimator saved with skops; onnx: ONNX through skl2onnx "
+                   "(pip install 'arrayjob[onnx]').")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The file to write.")
+@click.option("--endpoint-url", help="S3-compatible endpoint [default: AWS_ENDPOINT_URL, else AWS].")
+@click.option("--aws-profile", help="Named AWS profile for the credentials [default: the standard chain].")
+@debug_option
+def export(model_uri: str, fmt: str, output: str, endpoint_url: str | None, aws_profile: str | None,
+           debug: bool) -> None:
+    """Write the model published at MODEL_URI (a job's output.uri) as a file other systems score
+    with: a scikit-learn estimator with its fitted attributes set, or ONNX."""
+    from arrayjob.export import export_model
+    from arrayjob.io.locations import StorageOptions, parse_uri
+
+    location = parse_uri(model_uri, key="MODEL_URI")
+    click.echo(export_model(location, StorageOptions(endpoint_url=endpoint_url, profile=aws_profile), fmt, output))
+
+
+@cli.command()
 @click.option("--bucket", default=".arrayjob/bucket", show_default=True, help="Bucket URI to measure.")
 @click.option("--output", type=click.Path(dir_okay=False), help="Where to save [default: .arrayjob/profile.json].")
 @set_option

@@ -104,6 +104,14 @@ def _is_group(location: Location, options: StorageOptions) -> bool:
     return True
 
 
+def read_group_attrs(location: Location, options: StorageOptions) -> dict[str, Any]:
+    """The attributes of the Zarr group at ``location`` (metadata only: a published model's result)."""
+    try:
+        return dict(zarr.open_group(store=zarr_store(location, options, read_only=True), mode="r").attrs)
+    except Exception as exc:  # noqa: BLE001
+        raise InputError(f"{location}: cannot read the group's attributes: {describe_failure(exc)}") from None
+
+
 def _bucket_exists(location: Location, options: StorageOptions) -> bool:
     try:
         return backend_for(location, options).bucket_exists()

@@ -25,6 +25,7 @@ AnnData's (``SparseLayout.pattern``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +68,11 @@ def is_sparse_group(location: Location, options: StorageOptions) -> str | None:
 
 
 def open_sparse_info(name: str, location: Location, options: StorageOptions, *, missing_chunks: str = "error",
-                     target_nnz_per_chunk: int | None = None, pattern: bool = False) -> SparseInfoRead:
+                     target_nnz_per_chunk: int | None = None, pattern: bool = False,
+                     check_shape: Callable[[tuple[int, int]], None] | None = None) -> SparseInfoRead:
     """Open the sparse group named ``name`` (``inputs.<name>`` in errors): its attributes, the
-    metadata of its arrays, and ``indptr`` whole, checked.
+    metadata of its arrays, and ``indptr`` whole, checked. ``check_shape`` sees the matrix's
+    shape as soon as the attributes give it, before anything else is read.
 
     The row chunk (``ArrayInfo.chunks[0]``; a column chunk in CSC) holds on average about
     ``target_nnz_per_chunk`` non-zeros (default: the elements of a stored chunk of ``data``),
@@ -91,6 +94,8 @@ def open_sparse_info(name: str, location: Location, options: StorageOptions, *, 
             what = f"encoding-type {kind!r}" if kind is not None else "no encoding-type attribute"
             raise refuse(f"{what}: not a sparse matrix group (expected AnnData's 'csr_matrix' or 'csc_matrix')")
         shape = _shape(attrs, refuse)
+        if check_shape is not None:
+            check_shape(shape)
         arrays = {member: _member(group, member, kind, members, refuse) for member in members}
     except InputError:
         raise

@@ -10,12 +10,13 @@ from arrayjob.jobs.linreg import LinearRegression
 from arrayjob.jobs.logreg import LogisticRegression
 from arrayjob.jobs.pagerank import PageRank
 from arrayjob.jobs.pca import PCA
+from arrayjob.jobs.predict import Predict
 from arrayjob.jobs.tensor import CPALS, MTTKRP
 from arrayjob.jobs.tsqr import TSQR
 
 JOBS: dict[str, type[Job]] = {
     job.name: job for job in (LogisticRegression, LinearRegression, KMeans, GaussianMixture, PCA, TSQR, MTTKRP, CPALS,
-                              PageRank)
+                              PageRank, Predict)
 }
 
 

@@ -14,6 +14,7 @@ from arrayjob.errors import InputError
 from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.checkpoint import Checkpoints
 from arrayjob.io.locations import ArrayInfo, StorageCounters, StorageOptions
+from arrayjob.io.model import PublishedModel
 from arrayjob.lazy import BlockArray, store
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.session import Session
@@ -147,12 +148,16 @@ class Job(ABC):
     # of those, the ones read as their pattern (``io.sparse``): values never read, ``data`` and
     # ``encoding-type`` not needed (PageRank's adjacency)
     pattern_inputs: ClassVar[tuple[str, ...]] = ()
+    # inputs that name a published arrayjob output, not an array: opened as models (``io.model``)
+    model_inputs: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type]
 
-    def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None) -> None:
+    def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None,
+                 models: Mapping[str, PublishedModel] | None = None) -> None:
         self.params = params
         self.arrays = dict(arrays)
         self.storage = storage or StorageOptions()
+        self.models = dict(models or {})
         # what opening the inputs read beyond their metadata (a sparse input's indptr), counted
         # by a run and priced by an estimate as part of the job's reads
         self.metadata_reads = StorageCounters()
@@ -161,6 +166,12 @@ class Job(ABC):
     @abstractmethod
     def check_inputs(self) -> None:
         """Raise InputError naming the array when shapes or dtypes do not fit."""
+
+    @classmethod  # noqa: B027 - a hook most jobs leave empty
+    def check_shape(cls, name: str, shape: tuple[int, ...], models: Mapping[str, PublishedModel]) -> None:
+        """Raise InputError when input ``name``'s shape cannot fit the job's ``models``: called by
+        ``runner.open_inputs`` as soon as the shape is known, before anything of the input is read
+        (a sparse input's ``indptr``). Most jobs have no models and check nothing here."""
 
     @abstractmethod
     def stages(self, workers: int) -> StagePlan:

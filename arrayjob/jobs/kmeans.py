@@ -63,6 +63,20 @@ class KMeansParams:
     tol: float = field(default=1e-4, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
 
 
+def nearest_centroid(X: la.BlockArray, k: int) -> tuple[la.BlockArray, la.BlockArray, la.BlockArray]:
+    """The centroids (``la.value`` "centroids", bound with "centroid_sq" by ``centroid_values``),
+    each row's scores ‖c‖² − 2x·c (‖x − c‖² − ‖x‖², scikit-learn's expansion) and its nearest
+    centroid, (n, 1): the form ``kernels.rewrites`` runs as one loop over the rows."""
+    C = la.value("centroids", (k, X.shape[1]))
+    scores = la.value("centroid_sq", (k,)) - 2.0 * (X @ C.T)
+    return C, scores, scores.argmin(axis=1, keepdims=True)
+
+
+def centroid_values(centroids: np.ndarray) -> dict[str, np.ndarray]:
+    """What ``nearest_centroid`` binds: the centroids and their squared norms."""
+    return {"centroids": centroids, "centroid_sq": (centroids**2).sum(1)}
+
+
 def kmeans_program(X: la.BlockArray, k: int, final: bool, sparse: bool = False) -> dict[str, la.BlockArray]:
     """One Lloyd step (``sums`` and ``counts`` per cluster), or the ``final`` pass (``labels``
     and ``inertia``). The step leaves the inertia out: the loop never reads it, and its
@@ -70,10 +84,7 @@ def kmeans_program(X: la.BlockArray, k: int, final: bool, sparse: bool = False) 
 
     On a ``sparse`` X the inertia is Σ ‖x‖² + min_c (‖c‖² − 2 x·c), which visits the non-zeros
     only; on a dense one Σ ‖x − c‖², which does not lose digits to cancellation."""
-    d = X.shape[1]
-    C = la.value("centroids", (k, d))
-    scores = la.value("centroid_sq", (k,)) - 2.0 * (X @ C.T)  # ‖x − c‖² − ‖x‖²
-    labels = scores.argmin(axis=1, keepdims=True)
+    C, scores, labels = nearest_centroid(X, k)
     onehot = (labels == la.value("cluster_ids", (k,))) * 1.0  # a group sum, not a product
     if final:
         inertia = ((X * X).sum() + scores.min(axis=1).sum()) if sparse else la.square(X - onehot @ C).sum()
@@ -148,15 +159,14 @@ class KMeans(Job):
                 iterations, done = int(saved.state["iteration"]), bool(saved.state["done"])
         with ctx.metrics.stage(plan.stage_of("step")):
             while not done and iterations < p.max_iter:
-                r = ctx.session.compute(step, {"centroids": centroids, "centroid_sq": (centroids**2).sum(1),
-                                               "cluster_ids": ids})
+                r = ctx.session.compute(step, {**centroid_values(centroids), "cluster_ids": ids})
                 counts = r["counts"]
                 updated = np.where(counts[:, None] > 0, r["sums"] / np.maximum(counts, 1)[:, None], centroids)
                 shift = float(((updated - centroids) ** 2).sum())
                 centroids, iterations, done = updated, iterations + 1, shift <= tol
                 ctx.metrics.iteration(iterations, p.max_iter, shift=shift, tol=tol)
                 ctx.checkpoints.tick(iterations, {"centroids": centroids, "iteration": iterations, "done": done})
-            values = {"centroids": centroids, "centroid_sq": (centroids**2).sum(1), "cluster_ids": ids}
+            values = {**centroid_values(centroids), "cluster_ids": ids}
             arrays = {"centroids": centroids}
             if ctx.result is not None:  # labels (8n bytes) are written by the workers
                 r = ctx.session.compute(ctx.writing(plan.pass_named("final")), values)

@@ -1,0 +1,254 @@
+"""Batch scoring with a published model: ``algorithm = "predict"``.
+
+Inputs: ``model``, the URI of a published arrayjob output (``io.model``: its ``_SUCCESS``
+names the run; that run's report gives the algorithm and parameters, its result.zarr the
+fitted arrays), and ``X`` (n × d), dense Zarr or a sparse CSR group, whose d must be the
+model's feature count: checked from metadata as soon as X's shape is known, before anything
+of X is read (``Job.check_shape``). The outputs are per row, written by the workers into the
+run's result.zarr chunked like X's rows:
+
+- ``logreg``, binary (coef (d,), intercept (1,)): ``label`` = [x·w + b > 0] (int64) and
+  ``probability`` = σ(x·w + b), P(y = 1): scikit-learn's ``predict`` and
+  ``predict_proba(X)[:, 1]``.
+- ``logreg``, multinomial (coef (K, d), intercept (K,), scikit-learn's layout): ``label`` =
+  argmax of z = Wx + b, ``probability`` (n, K) = softmax(z) (``predict_proba``).
+- ``linreg``: ``prediction`` = x·w + b.
+- ``kmeans``: ``label``, the nearest centroid, by k-means' own assignment
+  (``jobs.kmeans.nearest_centroid``: argmin ‖c‖² − 2x·c), so a model scores its training rows
+  exactly as its fit labelled them.
+
+A model of any other algorithm is refused in one line (exit 2) before X is read. Scoring
+another algorithm is one entry in ``SCORERS``: the fitted arrays it reads, the feature count
+they imply, the lazy program from X and those arrays (``la.value`` of each, by name), and what
+the driver binds to those names (e.g. PCA: ``scores`` = (X − μ)Vᵀ, from ``mean`` and
+``components``). Every program is one pass over X in one fused kernel per row block, and
+keeps a sparse X sparse (the products visit its non-zeros only).
+
+Cost: one pass over X (8nd bytes; sparse: its non-zeros), 2ndK flops (K: classes or
+clusters; 1 for binary logreg and linreg), 8n bytes written per per-row output (8nK for
+multinomial probabilities); the model's arrays (K × d floats) read once, whole, on the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from arrayjob import lazy as la
+from arrayjob.errors import InputError
+from arrayjob.io.arrays import read_whole
+from arrayjob.io.locations import ArrayInfo, StorageCounters
+from arrayjob.io.model import PublishedModel
+from arrayjob.jobs.base import (
+    Job,
+    JobContext,
+    JobResult,
+    Pass,
+    StagePlan,
+    Written,
+    require,
+    require_numeric,
+)
+from arrayjob.jobs.kmeans import centroid_values, nearest_centroid
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """How ``predict`` scores with a model of one algorithm.
+
+    ``arrays``: the fitted arrays it reads from the model's result.zarr. ``features``: the
+    feature count their shapes imply (a ``ValueError`` saying what is wrong for a layout it
+    cannot score). ``program``: the per-row outputs from X and ``la.value`` arrays named as
+    ``values`` binds them. ``values``: what the driver binds, from the arrays as read.
+    """
+
+    arrays: tuple[str, ...]
+    features: Callable[[Shapes], int]
+    program: Callable[[la.BlockArray, Shapes], dict[str, la.BlockArray]]
+    values: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def _classes(shapes: Shapes) -> int:
+    """K of a logistic-regression model: 2 for the binary layout (coef (d,) or (1, d))."""
+    coef = shapes["coef"]
+    return coef[0] if len(coef) == 2 and coef[0] > 1 else 2
+
+
+def _logreg_features(shapes: Shapes) -> int:
+    coef, intercept = shapes["coef"], shapes["intercept"]
+    if (len(coef) == 1 and intercept == (1,)) or (len(coef) == 2 and intercept == (coef[0],)):
+        return coef[-1]
+    raise ValueError(f"coef {coef} and intercept {intercept}: expected (d,) and (1,), or (K, d) and (K,)")
+
+
+def _logreg_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+    k, d = _classes(shapes), shapes["coef"][-1]
+    if k == 2:
+        z = X @ la.value("coef", (d,)) + la.value("intercept", ())
+        return {"label": (z > 0.0) * 1, "probability": la.sigmoid(z)}
+    z = X @ la.value("coef", (k, d)).T + la.value("intercept", (k,))
+    e = la.exp(z - z.max(axis=1, keepdims=True))
+    return {"label": z.argmax(axis=1, keepdims=True).sum(axis=1),  # (n, 1) -> (n,)
+            "probability": e / e.sum(axis=1, keepdims=True)}
+
+
+def _logreg_values(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    coef, intercept = arrays["coef"].astype(np.float64), arrays["intercept"].astype(np.float64)
+    if _classes({"coef": coef.shape}) == 2:
+        return {"coef": coef.reshape(-1), "intercept": np.asarray(intercept[0])}
+    return {"coef": coef, "intercept": intercept}
+
+
+def _linreg_features(shapes: Shapes) -> int:
+    coef, intercept = shapes["coef"], shapes["intercept"]
+    if len(coef) == 1 and intercept == (1,):
+        return coef[0]
+    raise ValueError(f"coef {coef} and intercept {intercept}: expected (d,) and (1,)")
+
+
+def _linreg_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+    return {"prediction": X @ la.value("coef", shapes["coef"]) + la.value("intercept", ())}
+
+
+def _linreg_values(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"coef": arrays["coef"].astype(np.float64), "intercept": np.asarray(float(arrays["intercept"][0]))}
+
+
+def _kmeans_features(shapes: Shapes) -> int:
+    centroids = shapes["centroids"]
+    if len(centroids) == 2 and centroids[0] >= 1:
+        return centroids[1]
+    raise ValueError(f"centroids {centroids}: expected (k, d)")
+
+
+def _kmeans_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+    _, _, labels = nearest_centroid(X, shapes["centroids"][0])
+    return {"label": labels.sum(axis=1)}  # (n, 1) -> (n,)
+
+
+def _kmeans_values(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return centroid_values(arrays["centroids"].astype(np.float64))
+
+
+# algorithm -> how its published models score new rows
+SCORERS: dict[str, Scorer] = {
+    "logreg": Scorer(("coef", "intercept"), _logreg_features, _logreg_program, _logreg_values),
+    "linreg": Scorer(("coef", "intercept"), _linreg_features, _linreg_program, _linreg_values),
+    "kmeans": Scorer(("centroids",), _kmeans_features, _kmeans_program, _kmeans_values),
+}
+
+
+def scorer_for(model: PublishedModel) -> Scorer:
+    """The scorer of ``model``'s algorithm; ``InputError`` (exit 2) if predict cannot score it."""
+    try:
+        return SCORERS[model.algorithm]
+    except KeyError:
+        raise InputError(f"{model.key}: {model.describe()} cannot be scored by predict "
+                         f"(it scores models of: {', '.join(sorted(SCORERS))})") from None
+
+
+def model_arrays(model: PublishedModel) -> tuple[Scorer, dict[str, ArrayInfo], int]:
+    """The scorer of ``model``, the metadata of the arrays it reads, and the model's feature
+    count (metadata only)."""
+    scorer = scorer_for(model)
+    infos = {name: model.array(name) for name in scorer.arrays}
+    try:
+        features = scorer.features({name: info.shape for name, info in infos.items()})
+    except ValueError as exc:
+        raise InputError(f"{model.key}: {model.describe()} has {exc}") from None
+    return scorer, infos, features
+
+
+@dataclass(frozen=True)
+class PredictParams:
+    """No parameters: how to score comes from the model."""
+
+
+class Predict(Job):
+    name = "predict"
+    title = "scoring"
+    inputs = ("model", "X")
+    model_inputs = ("model",)
+    sparse_inputs = ("X",)
+    Params = PredictParams
+    params: PredictParams
+
+    @classmethod
+    def check_shape(cls, name: str, shape: tuple[int, ...], models: Mapping[str, PublishedModel]) -> None:
+        if name != "X" or "model" not in models or len(shape) != 2:
+            return
+        model = models["model"]
+        _, _, features = model_arrays(model)
+        require(shape[1] == features, f"inputs.X: {shape[1]:,} features (columns) but {model.describe()} "
+                                      f"was fitted on {features:,}")
+
+    def check_inputs(self) -> None:
+        require("model" in self.models, "inputs.model: required input of predict is missing")
+        X = self.arrays["X"]
+        require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
+        require(X.shape[0] > 0, f"inputs.X: expected at least one row, got shape {X.shape}")
+        require_numeric(X)
+        self.model = self.models["model"]
+        self.check_shape("X", X.shape, self.models)
+        self.scorer, infos, self.features = model_arrays(self.model)
+        # read whole on the driver in "load" (and so priced there by the estimate)
+        self.arrays.update({info.name: info for info in infos.values()})
+
+    def _model_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: self.arrays[f"model.{name}"].shape for name in self.scorer.arrays}
+
+    def describe(self) -> str:
+        X = self.arrays["X"]
+        kind = ", sparse" if X.sparse is not None else ""
+        return (f"{self.title} with the {self.model.algorithm} model of run {self.model.run_id} "
+                f"on X {X.shape[0]:,} × {X.shape[1]:,}{kind}")
+
+    def stages(self, workers: int) -> StagePlan:
+        """One pass over X computing every per-row output, which the workers write."""
+        X = la.from_zarr(self.arrays["X"])
+        program = self.scorer.program(X, self._model_shapes())
+        rows = self.arrays["X"].chunks[0]
+        writes = {name: Written(x.shape, (rows, *x.shape[1:]), x.dtype) for name, x in program.items()}
+        return StagePlan((Pass("score", "score", program, writes=writes),))
+
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        p = self.stages(1).pass_named("score")
+        return [(w.shape, w.dtype, w.chunks[0]) for w in p.writes.values()]
+
+    def _values(self, ctx: JobContext) -> dict[str, np.ndarray]:
+        """The model's arrays, read whole on the driver (counted), as the program binds them."""
+        read = {name: read_whole(self.arrays[f"model.{name}"], self.storage, ctx.metrics)
+                for name in self.scorer.arrays}
+        for name, value in read.items():
+            if np.dtype(value.dtype).kind not in "biuf" or not np.isfinite(value).all():
+                raise InputError(f"{self.model.key}: {self.model.describe()}: {name} holds NaN, infinite or "
+                                 "non-numeric values")
+        return self.scorer.values(read)
+
+    def run(self, ctx: JobContext) -> JobResult:
+        n, d = self.arrays["X"].shape
+        plan = self.stages(ctx.session.options.cluster.workers)
+        score = plan.pass_named("score")
+        with ctx.metrics.stage("load"):
+            values = self._values(ctx)
+            ctx.session.load(plan["score"])
+        arrays: dict[str, np.ndarray] = {}
+        with ctx.metrics.stage(score.stage):
+            if ctx.result is not None:  # per-row outputs (8n bytes each) are written by the workers
+                r = ctx.session.compute(ctx.writing(score), values)
+                for name in score.writes:
+                    ctx.metrics.count_storage(StorageCounters(bytes_written=int(r[name][0]),
+                                                              put_requests=int(r[name][1])))
+            else:
+                arrays = ctx.session.compute(plan["score"], values)
+        model = self.model
+        attrs = {"rows": n, "n_features": d, "model": str(model.location), "model_run_id": model.run_id,
+                 "model_algorithm": model.algorithm, "outputs": list(score.writes)}
+        if model.algorithm == "logreg":
+            attrs["classes"] = _classes(self._model_shapes())
+        summary = [f"scored {n:,} rows with {model.describe()}: {', '.join(score.writes)}"]
+        return JobResult(arrays, attrs, summary)
