@@ -191,3 +191,32 @@ def test_the_estimate_prices_the_model_read_the_pass_and_the_writes(tmp_path, ca
     assert stages["write"]["storage.bytes_written"] >= 1000 * 8 * 4
     code, out, err = run_cli(["plan", _spec(tmp_path, model, tmp_path / "X.zarr")], capsys)
     assert code == 0 and "scoring with the logreg model of run 20250101T000000Z-handmade" in out
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_pca_scores_as_sklearn_transform(tmp_path, sparse):
+    from sklearn.decomposition import PCA as SkPCA
+
+    rng = np.random.default_rng(20)
+    X = _sparse_rows(1500, 8, 21) + (0.0 if sparse else 3.0)
+    ref = SkPCA(3, svd_solver="full").fit(X)
+    model = publish_model(tmp_path / "model", "pca", {"components": ref.components_, "mean": ref.mean_,
+                                                      "singular_values": ref.singular_values_}, params={"k": 3})
+    new = _sparse_rows(1200, 8, 22) + (0.0 if sparse else rng.standard_normal((1200, 8)))
+    _, group = score(tmp_path, model, new, sparse)
+    assert set(group.array_keys()) == {"scores"}
+    np.testing.assert_allclose(group["scores"][:], ref.transform(new), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("covariance", ["full", "diag"])
+def test_gmm_labels_as_sklearn_predict(tmp_path, covariance):
+    from sklearn.mixture import GaussianMixture as SkGaussianMixture
+
+    X, _ = make_blobs(2000, 3, centers=3, cluster_std=[1.0, 2.0, 0.5], random_state=23)
+    ref = SkGaussianMixture(3, covariance_type=covariance, random_state=0).fit(X)
+    model = publish_model(tmp_path / "model", "gmm", {"weights": ref.weights_, "means": ref.means_,
+                                                      "covariances": ref.covariances_},
+                          params={"k": 3, "covariance": covariance})
+    new, _ = make_blobs(1500, 3, centers=3, cluster_std=[1.0, 2.0, 0.5], random_state=24)
+    _, group = score(tmp_path, model, new)
+    np.testing.assert_array_equal(group["label"][:], ref.predict(new))

@@ -16,6 +16,10 @@ run's result.zarr chunked like X's rows:
 - ``kmeans``: ``label``, the nearest centroid, by k-means' own assignment
   (``jobs.kmeans.nearest_centroid``: argmin ‖c‖² − 2x·c), so a model scores its training rows
   exactly as its fit labelled them.
+- ``pca``: ``scores`` (n, k) = (X − mean) · componentsᵀ, as XVₖ − 1(μᵀVₖ) so a sparse X
+  stays sparse (scikit-learn's ``transform``).
+- ``gmm``: ``label``, the component of highest posterior, by the mixture's own pass
+  (``jobs.gmm.gmm_program``; scikit-learn's ``predict``).
 
 A model of any other algorithm is refused in one line (exit 2) before X is read. Scoring
 another algorithm is one entry in ``SCORERS``: the fitted arrays it reads, the feature count
@@ -51,6 +55,7 @@ from arrayjob.jobs.base import (
     require,
     require_numeric,
 )
+from arrayjob.jobs.gmm import Mixture, gmm_program
 from arrayjob.jobs.kmeans import centroid_values, nearest_centroid
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -134,11 +139,50 @@ def _kmeans_values(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return centroid_values(arrays["centroids"].astype(np.float64))
 
 
+def _pca_features(shapes: Shapes) -> int:
+    components, mean = shapes["components"], shapes["mean"]
+    if len(components) == 2 and mean == (components[1],):
+        return components[1]
+    raise ValueError(f"components {components} and mean {mean}: expected (k, d) and (d,)")
+
+
+def _pca_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+    k, d = shapes["components"]
+    # X Vₖ − 1(μᵀVₖ): the centring applied to the product, so a sparse X stays sparse
+    return {"scores": X @ la.value("basis", (d, k)) - la.value("shift", (k,))}
+
+
+def _pca_values(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    components, mean = arrays["components"].astype(np.float64), arrays["mean"].astype(np.float64)
+    return {"basis": np.ascontiguousarray(components.T), "shift": mean @ components.T}
+
+
+def _gmm_features(shapes: Shapes) -> int:
+    weights, means, covariances = shapes["weights"], shapes["means"], shapes["covariances"]
+    if len(means) == 2 and weights == (means[0],) and covariances in (means, (*means, means[1])):
+        return means[1]
+    raise ValueError(f"weights {weights}, means {means} and covariances {covariances}: "
+                     "expected (k,), (k, d) and (k, d, d) or (k, d)")
+
+
+def _gmm_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+    k, _ = shapes["means"]
+    covariance = "full" if len(shapes["covariances"]) == 3 else "diag"
+    return {"label": gmm_program(X, k, covariance, final=True)["labels"]}
+
+
+def _gmm_values(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    mixture = Mixture(*(arrays[name].astype(np.float64) for name in ("weights", "means", "covariances")))
+    return mixture.pass_values(np.zeros(mixture.means.shape[1]), "of the model")
+
+
 # algorithm -> how its published models score new rows
 SCORERS: dict[str, Scorer] = {
     "logreg": Scorer(("coef", "intercept"), _logreg_features, _logreg_program, _logreg_values),
     "linreg": Scorer(("coef", "intercept"), _linreg_features, _linreg_program, _linreg_values),
     "kmeans": Scorer(("centroids",), _kmeans_features, _kmeans_program, _kmeans_values),
+    "pca": Scorer(("components", "mean"), _pca_features, _pca_program, _pca_values),
+    "gmm": Scorer(("weights", "means", "covariances"), _gmm_features, _gmm_program, _gmm_values),
 }
 
 
