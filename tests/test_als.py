@@ -15,6 +15,7 @@ import scipy.sparse
 from arrayjob.costing.estimate import estimate_cluster, estimate_job
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import SHIPPED
+from arrayjob.costing.table import table
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.sparse import open_sparse_info
@@ -207,6 +208,7 @@ def test_the_estimate_reads_what_the_run_reads(tmp_path):
     # the build is priced once, in load; the two passes once per iteration each
     stages = {s.name: s for s in estimate.stages}
     assert stages["fit"].runs == 2 * 3 and stages["load"].work["edge_build"] == pytest.approx(R.nnz)
+    assert " fit (6 passes) " in table(estimate)  # the compute stage, after R's validate stage
 
 
 BAD = [

@@ -18,7 +18,9 @@ def table(est: Estimate, choice: str = "") -> str:
             rows.append((("└─ " if i == len(items) - 1 else "├─ ") + name, qty, unit, cost))
 
     by = {s.name: s for s in est.stages}
-    load, fit, write = by["load"], est.stages[2], by["write"]  # stage 2: the job's compute stage
+    load, write = by["load"], by["write"]
+    # the job's compute stage: the one after load (a sparse input's validate stage comes first)
+    fit = est.stages[est.stages.index(load) + 1]
     if est.scale_up_seconds:
         stage_rows("scale up", [(f"Start {est.nodes_added} × {est.instance.name} (autoscaler)",
                                  f"{est.scale_up_seconds:.1f}", "s", "")])

@@ -16,16 +16,22 @@ summed, as SciPy reads it.
 Two layouts of R (Spartan's duplication tiling; Huang et al. report ALS 40 % faster with it):
 the users are solved from R's CSR row blocks, read once and kept by the block cache, and the
 items from R's columns, built once on the workers from those row blocks into CSC column
-blocks (``jobs.als_layout``: each row block transposed and cut by item block, each column
-block gathered from the pieces, the build PageRank's graph has) and kept between iterations
-(``Pass.keeps``). A half-iteration is one pass: one task per block solves its rows' systems
-given the other side's factors, a driver value, and returns its rows of the factor matrix,
-which the driver assembles. The item pass also returns each column block's terms of the
-objective for the factors it has just solved (``als_solve.objective_terms``: the residuals
-over Ω need both sides), so the objective after each iteration costs no pass of its own.
-When the memory budget cannot hold both layouts, the memory model streams R's row blocks
-from storage and sends kept column blocks to the nodes' spill, like any kept blocks
-(docs/operating.md, "Bigger than memory"); the results are the same.
+blocks (``jobs.als_layout``, the build PageRank's graph has: each row block transposed and
+cut by item block, the pieces kept; each column block gathered from every row block's
+pieces, kept between iterations, the pieces released) — two passes declared in "load", which
+the estimate prices once. A half-iteration is one pass: one task per block solves its rows'
+systems given the other side's factors, a driver value, and returns its rows of the factor
+matrix, which the driver assembles. The item pass also returns each column block's terms of
+the objective for the factors it has just solved (``als_solve.objective_terms``: the
+residuals over Ω need both sides), so the objective after each iteration costs no pass of
+its own.
+
+When the memory budget cannot hold both layouts (and the build's pieces while it runs), the
+one memory model decides as for any job (docs/operating.md, "Bigger than memory"): R's row
+blocks stream (from the nodes' spill, or storage), the pieces and the column blocks are kept
+in the spill and read back at each use, the build's gathered pieces go to the spill as it
+runs; the results are the same, the iterations slower by those reads. The factors, returned
+to the driver, must fit beside them.
 
 Limits: X and Y live on the driver and go to every task of a half-iteration whole, so
 8·(users + items)·rank bytes must fit the driver's memory and a task's argument (10 M users
@@ -37,10 +43,12 @@ divided by √rank from ``seed``. X and Y are checkpointed after each iteration
 (``io.checkpoint``); a resumed run builds the column layout again (it is deterministic) and
 goes on from them.
 
-Cost per iteration: each side reads its layout's nnz ratings once; about 4·nnz·rank² flops of
-outer products per side and one rank × rank solve per user and per item (2/3·rank³ flops);
-(items + users)·rank floats to each block and the same back. Build, once: two passes over
-the nnz ratings and one shuffle of them (12 bytes a rating).
+Cost per iteration: each side reads its layout's nnz ratings once, in memory; about
+4·nnz·rank² flops of outer products per side and one rank × rank solve per user and per item
+(2/3·rank³ flops); Y (items × rank) goes to each of the B row blocks and X (users × rank) to
+each of the C column blocks, and X and Y come back once. Build, once: two passes over the nnz
+ratings and one shuffle of them (16 bytes a rating: item, user, rating), held twice while
+the column blocks are gathered.
 """
 
 from __future__ import annotations
@@ -75,7 +83,7 @@ from arrayjob.jobs.base import (
 from arrayjob.jobs.tsqr import block_rows_for
 from arrayjob.planner.kernel import Kernel
 
-COLUMNS = "als-columns"  # the handle R's column layout is kept under
+PIECES, COLUMNS = "als-pieces", "als-columns"  # handles of the split row blocks and of R's column layout
 
 
 @dataclass(frozen=True)
@@ -174,27 +182,49 @@ class ALS(Job):
         blocks = self._item_blocks(workers)[1]
         return la.cached(f"{COLUMNS}:columns", (blocks, 1), "object", (1, 1), self._column_block_bytes(workers))
 
-    # -- programs -------------------------------------------------------------------------------
+    def _pieces_declared(self, workers: int) -> list[tuple[str, tuple[int, ...], str, tuple[int, ...]]]:
+        """The split's outputs, (name, shape, dtype, block shape): every row block's entries
+        sorted by item (item ids, users within the block, ratings), padded to the most any row
+        block holds, and where each item block's entries start."""
+        users, items = self.arrays["R"].shape
+        rows, row_blocks = self._row_blocks(workers)
+        blocks = self._item_blocks(workers)[1]
+        entries = self._padded_entries(workers)
+        return [("item_ids", (row_blocks * entries,), index_dtype(items), (entries,)),
+                ("user_ids", (row_blocks * entries,), index_dtype(rows), (entries,)),
+                ("ratings", (row_blocks * entries,), "float64", (entries,)),
+                ("starts", (row_blocks, blocks + 1), "int64", (1, blocks + 1))]
+
+    def _split(self, workers: int) -> dict[str, la.BlockArray]:
+        """Each CSR row block of R transposed and cut by item block (``jobs.als_layout``)."""
+        rows = self._row_blocks(workers)[0]
+        width = self._item_blocks(workers)[0]
+        entries = self._padded_entries(workers)
+        declared = self._pieces_declared(workers)
+        split = SplitByItemBlock(self.arrays["R"].shape[1], width, entries)
+        pieces = la.map_blocks(Kernel("als_split_by_item_block", split), self._ratings(),
+                               outputs=[(shape, dtype, block[0]) for _, shape, dtype, block in declared],
+                               block_rows=[rows], cost=LayoutWork("split", entries, self.arrays["R"].shape[1]))
+        return {name: x for (name, *_), x in zip(declared, pieces, strict=True)}
+
+    def _kept_pieces(self, workers: int) -> dict[str, la.BlockArray]:
+        """The split's outputs as ``Session.persist(..., handle=PIECES)`` keeps them."""
+        return {name: la.cached(f"{PIECES}:{name}", shape, dtype, block)
+                for name, shape, dtype, block in self._pieces_declared(workers)}
+
     def _layout(self, workers: int) -> dict[str, la.BlockArray]:
-        """R's CSC column blocks from its CSR row blocks: a split per row block, a build per
-        column block (``jobs.als_layout``)."""
+        """R's CSC column blocks, each gathered from every row block's kept pieces
+        (``jobs.als_layout``)."""
         R = self.arrays["R"]
         assert R.sparse is not None
         users, items = R.shape
-        rows, row_blocks = self._row_blocks(workers)
+        rows = self._row_blocks(workers)[0]
         width, blocks = self._item_blocks(workers)
-        entries = self._padded_entries(workers)
-        split = SplitByItemBlock(items, width, entries)
-        item_ids, user_ids, ratings, starts = la.map_blocks(
-            Kernel("als_split_by_item_block", split), self._ratings(),
-            outputs=[((row_blocks * entries,), index_dtype(items), entries),
-                     ((row_blocks * entries,), index_dtype(rows), entries),
-                     ((row_blocks * entries,), "float64", entries), ((row_blocks, blocks + 1), "int64", 1)],
-            block_rows=[rows], cost=LayoutWork("split", entries, items))
-        build = BuildItemBlock(users, items, rows, width, entries)
+        build = BuildItemBlock(users, items, rows, width, self._padded_entries(workers))
+        pieces = self._kept_pieces(workers)
         (columns,) = la.map_blocks(
             Kernel("als_build_item_block", build), la.value("item_blocks", (blocks,), "int64"),
-            item_ids, user_ids, ratings, starts,
+            pieces["item_ids"], pieces["user_ids"], pieces["ratings"], pieces["starts"],
             outputs=[((blocks, 1), "object", 1, self._column_block_bytes(workers))],
             block_rows=[1, None, None, None, None], cost=LayoutWork("build", R.sparse.nnz / blocks, width))
         return {"columns": columns}
@@ -232,11 +262,14 @@ class ALS(Job):
         return {"item_factors": y, "terms": terms}
 
     def stages(self, workers: int) -> StagePlan:
-        """In "load": R's row blocks (read by the first program, kept for the job) and the build
-        of its column layout (kept as ``COLUMNS``); then, each iteration, the users' pass over the
-        row blocks and the items' pass over the column blocks."""
+        """In "load": R's row blocks (read by the first program, kept for the job), split by item
+        block (kept as ``PIECES``: the split's results go to the spill where the budget has no
+        room for them, as any kept blocks), and the build of the column layout from them (kept as
+        ``COLUMNS``; the pieces released); then, each iteration, the users' pass over the row
+        blocks and the items' pass over the column blocks."""
         return StagePlan((
-            Pass("layout", "load", self._layout(workers), keeps=COLUMNS),
+            Pass("split", "load", self._split(workers), keeps=PIECES),
+            Pass("layout", "load", self._layout(workers), keeps=COLUMNS, releases=(PIECES,)),
             Pass("users", "fit", self._users(workers), EACH_ITERATION),
             Pass("items", "fit", self._items(workers), EACH_ITERATION),
         ))
@@ -270,12 +303,16 @@ class ALS(Job):
         workers = ctx.session.options.cluster.workers
         plan = self.stages(workers)
         with ctx.metrics.stage("load"):
-            ctx.session.load(plan["layout"])  # R's row blocks, kept for the users' passes
+            # R's row blocks are read by the split (and stay for the users' passes); its pieces
+            # are kept, not held as results, so the budget's split of R does not count them
+            pieces = ctx.session.persist(plan["split"], handle=PIECES)
             blocks = self._item_blocks(workers)[1]
             kept = ctx.session.persist(plan["layout"], {"item_blocks": np.arange(blocks, dtype=np.int64)},
                                        handle=COLUMNS)
-            declared = self._kept_columns(workers)  # as the items' pass reads them
-            assert kept["columns"].attrs == declared.attrs, (kept["columns"].attrs, declared.attrs)
+            ctx.session.release(pieces)
+            # kept as the declared programs read them
+            for arrays, declared in ((pieces, self._kept_pieces(workers)), (kept, {"columns": self._kept_columns(workers)})):
+                assert {k: a.attrs for k, a in arrays.items()} == {k: a.attrs for k, a in declared.items()}
             saved = ctx.checkpoints.restore()  # the factors after an iteration
             if saved is None:
                 y, x, objective, iterations = self.initial(ctx), None, [], 0
