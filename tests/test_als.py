@@ -276,3 +276,19 @@ def test_datagen_and_a_run_from_the_cli_match_numpy(workdir, capsys):
     assert np.linalg.norm(result["item_factors"][:] - y) <= 1e-8 * np.linalg.norm(y)
     assert result["user_factors"].shape == (1500, 3)
     assert np.all(np.diff(result.attrs["objective"]) < 0)
+
+
+@pytest.mark.parametrize("alpha", [None, 1.5])
+def test_the_systems_are_the_same_with_and_without_the_table_of_products(monkeypatch, alpha):
+    """A row's Σ wᵢfᵢfᵢᵀ from the other side's table of products, or from each slab's ratings
+    gathered (the other side too big for a table), in slabs of a few rows: the same factors."""
+    from arrayjob.jobs import als_solve
+
+    R = ratings(300, 40, seed=8, implicit=alpha is not None)
+    F = np.random.default_rng(9).standard_normal((40, 4))
+    gram = F.T @ F if alpha is not None else None
+    whole = als_solve.solve_rows(R, F, 0.3, alpha, gram)
+    monkeypatch.setattr(als_solve, "TABLE_BYTES", 0)
+    monkeypatch.setattr(als_solve, "SLAB_BYTES", 8 * 10 * 16)  # slabs of 10 rows, or of 16 ratings
+    np.testing.assert_allclose(als_solve.solve_rows(R, F, 0.3, alpha, gram), whole, rtol=1e-12, atol=1e-12)
+    assert np.all(whole[np.diff(R.indptr) == 0] == 0)  # users without ratings (explicit: by choice)
