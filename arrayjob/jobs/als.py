@@ -57,6 +57,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse
 
 from arrayjob import lazy as la
 from arrayjob.errors import InputError
@@ -99,9 +100,9 @@ class ALSParams:
                                                 "expect": "a number >= 0"})
 
 
-def negative_rating(block: object) -> str | None:
+def negative_rating(block: scipy.sparse.csr_matrix) -> str | None:
     """What is wrong with a block of implicit feedback: a negative rating (a count is >= 0)."""
-    values = np.asarray(block.data)  # type: ignore[attr-defined]
+    values = np.asarray(block.data)
     if values.size and values.min() < 0:
         return f"a negative rating ({float(values.min()):g}; implicit feedback takes counts >= 0)"
     return None
