@@ -5,7 +5,8 @@ Data are generated chunk by chunk with a seed per chunk, so the bytes depend onl
 (about 64 MiB) at a time. Every chunk carries a CRC32C checksum that reads verify.
 
 With ``--nnz-per-row`` (or ``--density``), logreg, linreg and kmeans write X as a sparse CSR
-group (AnnData's layout, ``io.sparse_writer``), a slab of rows at a time; y stays dense.
+group (AnnData's layout, ``io.sparse_writer``), a slab of rows at a time; y stays dense. ALS's
+ratings R are always such a group, so it needs one of the two.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class DatagenRequest:
     rank: int = 8  # rank (tensors; factor columns; pca: the directions above the noise)
     shape: tuple[int, ...] = ()  # tensor shape (mttkrp, cp_als); rows × cols × cols if empty
     edges: int = 0  # edges (pagerank); 10 × rows if 0
-    nnz_per_row: int = 0  # > 0: X sparse, with this many non-zeros in every row (logreg, linreg, kmeans)
+    nnz_per_row: int = 0  # > 0: X sparse, with this many non-zeros in every row (logreg, linreg, kmeans; als's R)
     density: float = 0.0  # > 0: X sparse, with round(density × cols) non-zeros in every row
 
 
@@ -259,12 +260,12 @@ SparseRows = Callable[[int, int, np.random.Generator], tuple[np.ndarray, ...]]
 
 
 def _write_sparse(req: DatagenRequest, nnz: int, make: SparseRows, counters: StorageCounters,
-                  with_y: bool = True) -> None:
-    """X as a CSR group of ``nnz`` values a row (and y dense), slab by slab of row chunks:
-    ``make(start, rows, rng)`` gives a chunk's columns and values, (rows, nnz) each (and y).
-    A chunk of X holds at most 64 MiB of values, fewer for ``chunk_rows`` rows."""
+                  with_y: bool = True, name: str = "X") -> None:
+    """X (or ``name``) as a CSR group of ``nnz`` values a row (and y dense), slab by slab of row
+    chunks: ``make(start, rows, rng)`` gives a chunk's columns and values, (rows, nnz) each (and
+    y). A chunk of X holds at most 64 MiB of values, fewer for ``chunk_rows`` rows."""
     n, chunk_rows = req.rows, max(1, min(req.chunk_rows, req.rows, SLAB_BYTES // (8 * nnz)))
-    writer = CsrGroupWriter(req.location.join("X.zarr"), req.options, shape=(n, req.cols), nnz=n * nnz,
+    writer = CsrGroupWriter(req.location.join(f"{name}.zarr"), req.options, shape=(n, req.cols), nnz=n * nnz,
                             chunk_rows=chunk_rows, row_nnz=nnz, counters=counters)
     y = create_array(req.location.join("y.zarr"), req.options, shape=(n,), chunks=(chunk_rows,), dtype="float64",
                      counters=counters, checksum=True) if with_y else None
@@ -327,14 +328,36 @@ def sparse_kmeans(req: DatagenRequest, nnz: int) -> StorageCounters:
     return counters
 
 
+def als(req: DatagenRequest, nnz: int) -> StorageCounters:
+    """Ratings R (users × items: ``rows`` × ``cols``) from low-rank factors plus noise: every
+    user rates ``nnz`` distinct items at random, rᵤᵢ = xᵤ·yᵢ + 0.1 ε with ``rank`` factors
+    whose entries are N(0, 1/√rank), so that x·y has variance 1 (ε standard normal); the item
+    factors are fixed by the seed, each user's drawn with its chunk."""
+    counters = StorageCounters()
+    scale = req.rank ** -0.25
+    items = _rng(req.seed, 99).standard_normal((req.cols, req.rank)) * scale
+
+    def rows(start: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        users = rng.standard_normal((n, req.rank)) * scale
+        columns = _sparse_columns(rng, n, nnz, req.cols)
+        ratings = np.einsum("uk,ujk->uj", users, items[columns]) + 0.1 * rng.standard_normal((n, nnz))
+        return columns, ratings
+
+    _write_sparse(req, nnz, rows, counters, with_y=False, name="R")
+    return counters
+
+
 SPARSE_GENERATORS: dict[str, Callable[[DatagenRequest, int], StorageCounters]] = {
-    "logreg": sparse_logreg, "linreg": sparse_linreg, "kmeans": sparse_kmeans,
+    "logreg": sparse_logreg, "linreg": sparse_linreg, "kmeans": sparse_kmeans, "als": als,
 }
+SPARSE_ONLY = ("als",)  # their input is a sparse matrix: --nnz-per-row or --density is needed
 
 
 def _row_nnz(algorithm: str, req: DatagenRequest) -> int:
     """The non-zeros of every row of a sparse X (0: X dense)."""
     if not req.nnz_per_row and not req.density:
+        if algorithm in SPARSE_ONLY:
+            raise SpecError(f"datagen: {algorithm} writes a sparse matrix: give --nnz-per-row (or --density)")
         return 0
     if req.nnz_per_row and req.density:
         raise SpecError("datagen: give --nnz-per-row or --density, not both")
@@ -356,8 +379,9 @@ GENERATORS: dict[str, Callable[[DatagenRequest], StorageCounters]] = {
 
 
 def generate(algorithm: str, req: DatagenRequest) -> StorageCounters:
-    if algorithm not in GENERATORS:
-        raise SpecError(f"datagen: no generator for {algorithm!r} (expected one of: {', '.join(sorted(GENERATORS))})")
+    if algorithm not in GENERATORS and algorithm not in SPARSE_ONLY:
+        raise SpecError(f"datagen: no generator for {algorithm!r} "
+                        f"(expected one of: {', '.join(sorted([*GENERATORS, *SPARSE_ONLY]))})")
     for name, value in (("--rows", req.rows), ("--cols", req.cols), ("--chunk-rows", req.chunk_rows),
                         ("--k", req.k), ("--rank", req.rank)):
         if value < 1:

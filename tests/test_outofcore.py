@@ -32,8 +32,12 @@ JOBS = {
     "linreg": ("linreg", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], {}),
     "tsqr": ("tsqr", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], {}),
     "mttkrp": ("mttkrp", ["--shape", "400,12,10", "--chunk-rows", "50", "--rank", "3"], {}),
+    # the ratings' row blocks streamed; the split pieces and the column layout built from them
+    # (kept between iterations) go to the spill
+    "als": ("als", ["--rows", "8000", "--cols", "1000", "--nnz-per-row", "40", "--chunk-rows", "1000"],
+            {"rank": "4", "max_iter": "4"}),
 }
-ITERATIVE = ("logreg-lbfgs", "logreg-newton", "logreg-sparse", "kmeans", "cp_als")
+ITERATIVE = ("logreg-lbfgs", "logreg-newton", "logreg-sparse", "kmeans", "cp_als", "als")
 
 
 def spec_for(root: Path, name: str, data: str, output: str, endpoint: str | None = None) -> Path:

@@ -210,6 +210,12 @@ def _sparse_linreg(base: Path) -> dict[str, str]:
     return {"X": "X", "y": "y.zarr"}
 
 
+def _als(base: Path) -> dict[str, str]:
+    R, _ = sparse_logreg_data(1200, 80, nnz_per_row=6, seed=10)
+    write_csr_group(str(base / "R"), R, (900, 900, 300))
+    return {"R": "R"}
+
+
 def _pca(base: Path) -> dict[str, str]:
     X, _ = sparse_logreg_data(1500, 60, nnz_per_row=5, seed=9)
     write_csr_group(str(base / "X"), X, (900, 900, 400))
@@ -228,6 +234,8 @@ ALGORITHMS = {
     "cp_als": ("cp_als", _cp_als, "rank = 3\ntol = 1e-12\nmax_iter = 12\n", ("fit",)),
     # randomized subspace iteration on a sparse X: its basis and the mean checkpointed
     "pca": ("pca", _pca, "k = 3\nn_iter = 5\n", ("total_variance",)),
+    # both factor matrices and the objective so far checkpointed; the column layout built again
+    "als": ("als", _als, "rank = 3\nmax_iter = 5\n", ("objective",)),
 }
 
 

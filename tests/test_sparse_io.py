@@ -418,7 +418,9 @@ def test_datagen_sparse_on_the_command_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("args", "problem"), [
-    (["tsqr", "--nnz-per-row", "5"], "datagen: a sparse X (--nnz-per-row, --density) is made for logreg, linreg, kmeans, not tsqr"),
+    (["tsqr", "--nnz-per-row", "5"],
+     "datagen: a sparse X (--nnz-per-row, --density) is made for logreg, linreg, kmeans, als, not tsqr"),
+    (["als"], "datagen: als writes a sparse matrix: give --nnz-per-row (or --density)"),
     (["logreg", "--nnz-per-row", "5", "--density", "0.1"], "datagen: give --nnz-per-row or --density, not both"),
     (["logreg", "--nnz-per-row", "40", "--cols", "32"], "datagen: --nnz-per-row must be from 1 to --cols (32), got 40"),
     (["logreg", "--density", "1.5"], "datagen: --density must be in (0, 1], got 1.5"),

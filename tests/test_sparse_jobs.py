@@ -217,7 +217,7 @@ def test_a_job_without_sparse_support_refuses_a_sparse_input_in_one_line(workdir
     line = without_progress(err).strip()
     assert "\n" not in line
     assert line == (f"arrayjob: error: inputs.A: {workdir / 'A'} is a sparse matrix (csr_matrix); tsqr takes a "
-                    f"dense array here (sparse input: kmeans, linreg, logreg, pagerank, pca, predict)")
+                    f"dense array here (sparse input: als, kmeans, linreg, logreg, pagerank, pca, predict)")
     assert not (workdir / "out").exists()
 
 

@@ -53,7 +53,8 @@ MALFORMED = [
     ("unknown solver", GOOD.replace('"lbfgs"', '"sgd"'), [],
      "params.solver: expected one of 'lbfgs', 'newton', got 'sgd'"),
     ("unknown algorithm", GOOD.replace('"logreg"', '"svm"'), [],
-     "job.algorithm: unknown algorithm 'svm' (expected one of: cp_als, gmm, kmeans, linreg, logreg, mttkrp, pagerank, pca, predict, tsqr)"),
+     "job.algorithm: unknown algorithm 'svm' (expected one of: als, cp_als, gmm, kmeans, linreg, logreg, mttkrp, pagerank, "
+     "pca, predict, tsqr)"),
     ("bad job name", GOOD.replace('name = "t"', 'name = "my job"'), [],
      "job.name: expected 1-128 letters, digits, '.', '_' or '-', got 'my job'"),
     ("missing input", GOOD.replace('y = "data/y.zarr"\n', ""), [],

@@ -23,7 +23,13 @@ from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session
 from arrayjob.spec import table_to_dataclass
-from tests.helpers import logreg_data, publish_model, write_adjacency_group
+from tests.helpers import (
+    logreg_data,
+    publish_model,
+    sparse_logreg_data,
+    write_adjacency_group,
+    write_csr_group,
+)
 
 CLUSTER = ClusterShape(nodes=2, workers_per_node=2)
 
@@ -156,6 +162,15 @@ def predict(put, tmp_path, algorithm):
     return job, ResultGroup(parse_uri(str(tmp_path / "result.zarr")), StorageOptions())
 
 
+def als(put, tmp_path, implicit=False):
+    R, _ = sparse_logreg_data(400, 50, nnz_per_row=5, seed=3)
+    if implicit:
+        R.data = np.abs(R.data)
+    write_csr_group(str(tmp_path / "R"), R, (300, 300, 100))
+    opened = open_sparse_info("R", parse_uri(str(tmp_path / "R")), StorageOptions())
+    return make_job("als", {"R": opened.info}, rank=2, max_iter=3, implicit=implicit), None
+
+
 CASES = {
     "logreg-lbfgs": (logreg, {"solver": "lbfgs"}),
     "logreg-newton": (logreg, {"solver": "newton"}),
@@ -175,6 +190,8 @@ CASES = {
     "pagerank-csr": (pagerank, {"csr": True}),
     "predict-logreg": (predict, {"algorithm": "logreg"}),
     "predict-kmeans": (predict, {"algorithm": "kmeans"}),
+    "als-explicit": (als, {}),
+    "als-implicit": (als, {"implicit": True}),
 }
 
 

@@ -342,18 +342,20 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
 @click.option("--chunk-rows", type=int, default=25_000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--k", "clusters", type=int, default=8, show_default=True, help="Clusters (kmeans), components (gmm).")
-@click.option("--rank", type=int, default=8, show_default=True, help="Rank (mttkrp, cp_als, pca).")
+@click.option("--rank", type=int, default=8, show_default=True, help="Rank (mttkrp, cp_als, pca, als).")
 @click.option("--shape", default="", help="Tensor shape I,J,K (mttkrp, cp_als) [default: rows,cols,cols].")
 @click.option("--edges", type=int, default=0, help="Edges (pagerank) [default: 10 × rows].")
 @click.option("--nnz-per-row", type=int, default=0,
-              help="Write X sparse, a CSR group with this many non-zeros a row (logreg, linreg, kmeans).")
+              help="Write X sparse, a CSR group with this many non-zeros a row (logreg, linreg, kmeans); "
+                   "als: ratings a user (required).")
 @click.option("--density", type=float, default=0.0,
-              help="Write X sparse, with this fraction of each row non-zero (logreg, linreg, kmeans).")
+              help="Write X sparse, with this fraction of each row non-zero (logreg, linreg, kmeans, als).")
 @debug_option
 def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, seed: int, clusters: int,
             rank: int, shape: str, edges: int, nnz_per_row: int, density: float, debug: bool) -> None:
     """Write demo input arrays for ALGORITHM under URI (Zarr v3; X as a sparse CSR group in
-    AnnData's layout with --nnz-per-row or --density)."""
+    AnnData's layout with --nnz-per-row or --density; als: the ratings R, users × items, always
+    such a group)."""
     from arrayjob.datagen import DatagenRequest, generate
     from arrayjob.errors import SpecError
     from arrayjob.io.locations import StorageOptions, parse_uri

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from arrayjob.errors import SpecError
+from arrayjob.jobs.als import ALS
 from arrayjob.jobs.base import Job
 from arrayjob.jobs.gmm import GaussianMixture
 from arrayjob.jobs.kmeans import KMeans
@@ -15,8 +16,8 @@ from arrayjob.jobs.tensor import CPALS, MTTKRP
 from arrayjob.jobs.tsqr import TSQR
 
 JOBS: dict[str, type[Job]] = {
-    job.name: job for job in (LogisticRegression, LinearRegression, KMeans, GaussianMixture, PCA, TSQR, MTTKRP, CPALS,
-                              PageRank, Predict)
+    job.name: job for job in (LogisticRegression, LinearRegression, KMeans, GaussianMixture, PCA, ALS, TSQR, MTTKRP,
+                              CPALS, PageRank, Predict)
 }
 
 

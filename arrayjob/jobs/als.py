@@ -1,0 +1,347 @@
+"""Matrix factorisation by alternating least squares: R ≈ X Yᵀ for a sparse ratings matrix R
+(users × items), with user factors X (users × rank) and item factors Y (items × rank).
+
+Explicit ratings minimise Σ₍ᵤ,ᵢ₎∈Ω (rᵤᵢ − xᵤ·yᵢ)² + l2 (Σᵤ nᵤ‖xᵤ‖² + Σᵢ nᵢ‖yᵢ‖²) over the
+stored entries Ω of R, the weighted-λ form of Spark MLlib's ``ALS`` (Zhou, Wilkinson, Schreiber
+& Pan, "Large-scale parallel collaborative filtering for the Netflix prize", 2008; nᵤ, nᵢ: the
+ratings of user u and of item i). Implicit feedback (``implicit = true``; Hu, Koren & Volinsky,
+"Collaborative filtering for implicit feedback datasets", 2008) minimises Σ over all pairs of
+cᵤᵢ (pᵤᵢ − xᵤ·yᵢ)² + l2 (Σ‖xᵤ‖² + Σ‖yᵢ‖²), pᵤᵢ = [rᵤᵢ > 0], cᵤᵢ = 1 + alpha·rᵤᵢ (counts:
+a negative rating is refused where its block is read). Each iteration solves every user's
+rank × rank system given Y, then every item's given the new X (``jobs.als_solve``), so the
+objective never increases. A stored zero is a rating of 0 (explicit) or a pair of
+confidence 1 with p = 0 (implicit, as an absent pair); a rating stored twice in a row is
+summed, as SciPy reads it.
+
+Two layouts of R (Spartan's duplication tiling; Huang et al. report ALS 40 % faster with it):
+the users are solved from R's CSR row blocks, read once and kept by the block cache, and the
+items from R's columns, built once on the workers from those row blocks into CSC column
+blocks (``jobs.als_layout``, the build PageRank's graph has: each row block transposed and
+cut by item block, the pieces kept; each column block gathered from every row block's
+pieces, kept between iterations, the pieces released) — two passes declared in "load", which
+the estimate prices once. A half-iteration is one pass: one task per block solves its rows'
+systems given the other side's factors, a driver value, and returns its rows of the factor
+matrix, which the driver assembles. The item pass also returns each column block's terms of
+the objective for the factors it has just solved (``als_solve.objective_terms``: the
+residuals over Ω need both sides), so the objective after each iteration costs no pass of
+its own.
+
+When the memory budget cannot hold both layouts (and the build's pieces while it runs), the
+one memory model decides as for any job (docs/operating.md, "Bigger than memory"): R's row
+blocks stream (from the nodes' spill, or storage), the pieces and the column blocks are kept
+in the spill and read back at each use, the build's gathered pieces go to the spill as it
+runs; the results are the same, the iterations slower by those reads. The factors, returned
+to the driver, must fit beside them.
+
+Limits: X and Y live on the driver and go to every task of a half-iteration whole, so
+8·(users + items)·rank bytes must fit the driver's memory and a task's argument (10 M users
+at rank 32 are 2.6 GB: too many for one driver value). The layout build pads each row
+block's pieces to the most ratings any row block holds (``jobs.als_layout``).
+
+Initial item factors: ``init``, the URI of an (items × rank) array, or random normal values
+divided by √rank from ``seed``. X and Y are checkpointed after each iteration
+(``io.checkpoint``); a resumed run builds the column layout again (it is deterministic) and
+goes on from them.
+
+Cost per iteration: each side reads its layout's nnz ratings once, in memory; about
+4·nnz·rank² flops of outer products per side and one rank × rank solve per user and per item
+(2/3·rank³ flops); Y (items × rank) goes to each of the B row blocks and X (users × rank) to
+each of the C column blocks, and X and Y come back once. Build, once: two passes over the nnz
+ratings and one shuffle of them (16 bytes a rating: item, user, rating), held twice while
+the column blocks are gathered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse
+
+from arrayjob import lazy as la
+from arrayjob.errors import InputError
+from arrayjob.io.arrays import open_array_info, read_whole
+from arrayjob.io.locations import parse_uri
+from arrayjob.jobs.als_layout import (
+    BuildItemBlock,
+    LayoutWork,
+    SplitByItemBlock,
+    csc_bytes,
+    index_dtype,
+)
+from arrayjob.jobs.als_solve import ItemStep, SolveWork, UserStep
+from arrayjob.jobs.base import (
+    EACH_ITERATION,
+    Job,
+    JobContext,
+    JobResult,
+    Pass,
+    StagePlan,
+    require,
+    require_numeric,
+)
+from arrayjob.jobs.tsqr import block_rows_for
+from arrayjob.planner.kernel import Kernel
+
+PIECES, COLUMNS = "als-pieces", "als-columns"  # handles of the split row blocks and of R's column layout
+
+
+@dataclass(frozen=True)
+class ALSParams:
+    rank: int = field(metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
+    l2: float = field(default=0.1, metadata={"check": lambda v: v > 0 and np.isfinite(v), "expect": "a number > 0"})
+    max_iter: int = field(default=10, metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
+    seed: int = 0
+    # or the URI of an (items × rank) array of initial item factors (a relative path: as the inputs)
+    init: str = field(default="random", metadata={"uri": ("random",)})
+    implicit: bool = False
+    alpha: float = field(default=1.0, metadata={"check": lambda v: v >= 0 and np.isfinite(v),
+                                                "expect": "a number >= 0"})
+
+
+def negative_rating(block: scipy.sparse.csr_matrix) -> str | None:
+    """What is wrong with a block of implicit feedback: a negative rating (a count is >= 0)."""
+    values = np.asarray(block.data)
+    if values.size and values.min() < 0:
+        return f"a negative rating ({float(values.min()):g}; implicit feedback takes counts >= 0)"
+    return None
+
+
+class ALS(Job):
+    name = "als"
+    title = "ALS"
+    inputs = ("R",)
+    sparse_inputs = ("R",)
+    Params = ALSParams
+    params: ALSParams
+
+    def check_inputs(self) -> None:
+        R = self.arrays["R"]
+        require(R.sparse is not None, f"inputs.R: expected a sparse ratings matrix (users × items, a CSR group in "
+                                      f"AnnData's layout), got a dense array of shape {R.shape}")
+        assert R.sparse is not None
+        require(R.sparse.format == "csr", f"inputs.R: {R.uri}: a {R.sparse.format}_matrix group; ALS takes the "
+                                          f"ratings as CSR (row u: the ratings of user u)")
+        require_numeric(R)
+        require(R.sparse.nnz > 0, f"inputs.R: {R.uri} holds no ratings")
+        p = self.params
+        if p.init != "random":
+            self.init_array = open_array_info("init", parse_uri(p.init, key="params.init"), self.storage)
+            shape = (R.shape[1], p.rank)
+            require(self.init_array.shape == shape, f"params.init: expected an (items × rank) array of item factors, "
+                                                    f"{shape}, got {self.init_array.shape}")
+
+    @property
+    def alpha(self) -> float | None:
+        """The confidence scale the kernels take: None for explicit ratings."""
+        return self.params.alpha if self.params.implicit else None
+
+    def describe(self) -> str:
+        R = self.arrays["R"]
+        assert R.sparse is not None
+        kind = f"implicit, alpha = {self.params.alpha:g}" if self.params.implicit else "explicit, weighted-λ"
+        return (f"{self.title} ({kind}), rank {self.params.rank}, on R {R.shape[0]:,} users × {R.shape[1]:,} items, "
+                f"{R.sparse.nnz:,} ratings; R kept in two layouts: CSR row blocks for the users, CSC column blocks "
+                f"(built once) for the items")
+
+    # -- blocks ---------------------------------------------------------------------------------
+    def _row_blocks(self, workers: int) -> tuple[int, int]:
+        """(users per row block, row blocks): the planner's row blocks of R, chunk-aligned."""
+        rows = block_rows_for(self, "R", workers)
+        return rows, math.ceil(self.arrays["R"].shape[0] / rows)
+
+    def _item_blocks(self, workers: int) -> tuple[int, int]:
+        """(items per column block, column blocks): as many as there are row blocks (at most
+        one per item), so both half-iterations run as many tasks."""
+        items = self.arrays["R"].shape[1]
+        width = math.ceil(items / min(items, self._row_blocks(workers)[1]))
+        return width, math.ceil(items / width)
+
+    def _padded_entries(self, workers: int) -> int:
+        """The most ratings a row block holds (from the ``indptr`` read when R was opened): the
+        length of every row block's split arrays."""
+        R = self.arrays["R"]
+        assert R.sparse is not None
+        rows, blocks = self._row_blocks(workers)
+        users = R.shape[0]
+        return max(1, max(R.sparse.nnz_between(b * rows, min((b + 1) * rows, users), R.chunks[0], users)
+                          for b in range(blocks)))
+
+    def _ratings(self) -> la.BlockArray:
+        check = Kernel("als_negative_rating", negative_rating) if self.params.implicit else None
+        return la.from_zarr(self.arrays["R"], check)
+
+    def _column_block_bytes(self, workers: int) -> int:
+        R = self.arrays["R"]
+        assert R.sparse is not None
+        width, blocks = self._item_blocks(workers)
+        return csc_bytes(R.sparse.nnz / blocks, width, R.shape[0])
+
+    def _kept_columns(self, workers: int) -> la.BlockArray:
+        """R's column layout as ``Session.persist(..., handle=COLUMNS)`` keeps it."""
+        blocks = self._item_blocks(workers)[1]
+        return la.cached(f"{COLUMNS}:columns", (blocks, 1), "object", (1, 1), self._column_block_bytes(workers))
+
+    def _pieces_declared(self, workers: int) -> list[tuple[str, tuple[int, ...], str, tuple[int, ...]]]:
+        """The split's outputs, (name, shape, dtype, block shape): every row block's entries
+        sorted by item (item ids, users within the block, ratings), padded to the most any row
+        block holds, and where each item block's entries start."""
+        users, items = self.arrays["R"].shape
+        rows, row_blocks = self._row_blocks(workers)
+        blocks = self._item_blocks(workers)[1]
+        entries = self._padded_entries(workers)
+        return [("item_ids", (row_blocks * entries,), index_dtype(items), (entries,)),
+                ("user_ids", (row_blocks * entries,), index_dtype(rows), (entries,)),
+                ("ratings", (row_blocks * entries,), "float64", (entries,)),
+                ("starts", (row_blocks, blocks + 1), "int64", (1, blocks + 1))]
+
+    def _split(self, workers: int) -> dict[str, la.BlockArray]:
+        """Each CSR row block of R transposed and cut by item block (``jobs.als_layout``)."""
+        rows = self._row_blocks(workers)[0]
+        width = self._item_blocks(workers)[0]
+        entries = self._padded_entries(workers)
+        declared = self._pieces_declared(workers)
+        split = SplitByItemBlock(self.arrays["R"].shape[1], width, entries)
+        pieces = la.map_blocks(Kernel("als_split_by_item_block", split), self._ratings(),
+                               outputs=[(shape, dtype, block[0]) for _, shape, dtype, block in declared],
+                               block_rows=[rows], cost=LayoutWork("split", entries, self.arrays["R"].shape[1]))
+        return {name: x for (name, *_), x in zip(declared, pieces, strict=True)}
+
+    def _kept_pieces(self, workers: int) -> dict[str, la.BlockArray]:
+        """The split's outputs as ``Session.persist(..., handle=PIECES)`` keeps them."""
+        return {name: la.cached(f"{PIECES}:{name}", shape, dtype, block)
+                for name, shape, dtype, block in self._pieces_declared(workers)}
+
+    def _layout(self, workers: int) -> dict[str, la.BlockArray]:
+        """R's CSC column blocks, each gathered from every row block's kept pieces
+        (``jobs.als_layout``)."""
+        R = self.arrays["R"]
+        assert R.sparse is not None
+        users, items = R.shape
+        rows = self._row_blocks(workers)[0]
+        width, blocks = self._item_blocks(workers)
+        build = BuildItemBlock(users, items, rows, width, self._padded_entries(workers))
+        pieces = self._kept_pieces(workers)
+        (columns,) = la.map_blocks(
+            Kernel("als_build_item_block", build), la.value("item_blocks", (blocks,), "int64"),
+            pieces["item_ids"], pieces["user_ids"], pieces["ratings"], pieces["starts"],
+            outputs=[((blocks, 1), "object", 1, self._column_block_bytes(workers))],
+            block_rows=[1, None, None, None, None], cost=LayoutWork("build", R.sparse.nnz / blocks, width))
+        return {"columns": columns}
+
+    def _grams(self, name: str) -> tuple[la.BlockArray, ...]:
+        rank = self.params.rank
+        return (la.value(name, (rank, rank)),) if self.params.implicit else ()
+
+    def _users(self, workers: int) -> dict[str, la.BlockArray]:
+        """One task per row block: its users' factors, given Y."""
+        R = self.arrays["R"]
+        assert R.sparse is not None
+        (users, items), rank = R.shape, self.params.rank
+        rows, row_blocks = self._row_blocks(workers)
+        gram = self._grams("item_gram")
+        (x,) = la.map_blocks(Kernel("als_users", UserStep(self.params.l2, self.alpha)), self._ratings(),
+                             la.value("item_factors", (items, rank)), *gram, outputs=[((users, rank), "float64", rows)],
+                             block_rows=[rows, None, *(None for _ in gram)],
+                             cost=SolveWork(R.sparse.nnz / row_blocks, rows, rank))
+        return {"user_factors": x}
+
+    def _items(self, workers: int) -> dict[str, la.BlockArray]:
+        """One task per kept column block: its items' factors given X, and its terms of the
+        objective."""
+        R = self.arrays["R"]
+        assert R.sparse is not None
+        (users, items), rank = R.shape, self.params.rank
+        width, blocks = self._item_blocks(workers)
+        gram = self._grams("user_gram")
+        y, terms = la.map_blocks(Kernel("als_items", ItemStep(self.params.l2, self.alpha)),
+                                 self._kept_columns(workers), la.value("user_factors", (users, rank)), *gram,
+                                 outputs=[((items, rank), "float64", width), ((blocks, 3), "float64", 1)],
+                                 block_rows=[1, None, *(None for _ in gram)],
+                                 cost=SolveWork(R.sparse.nnz / blocks, width, rank, objective=True))
+        return {"item_factors": y, "terms": terms}
+
+    def stages(self, workers: int) -> StagePlan:
+        """In "load": R's row blocks (read by the first program, kept for the job), split by item
+        block (kept as ``PIECES``: the split's results go to the spill where the budget has no
+        room for them, as any kept blocks), and the build of the column layout from them (kept as
+        ``COLUMNS``; the pieces released); then, each iteration, the users' pass over the row
+        blocks and the items' pass over the column blocks."""
+        return StagePlan((
+            Pass("split", "load", self._split(workers), keeps=PIECES),
+            Pass("layout", "load", self._layout(workers), keeps=COLUMNS, releases=(PIECES,)),
+            Pass("users", "fit", self._users(workers), EACH_ITERATION),
+            Pass("items", "fit", self._items(workers), EACH_ITERATION),
+        ))
+
+    def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
+        users, items = self.arrays["R"].shape
+        return [((users, self.params.rank), "float64", None), ((items, self.params.rank), "float64", None)]
+
+    # -- the run --------------------------------------------------------------------------------
+    def initial(self, ctx: JobContext) -> np.ndarray:
+        """Y₀: ``init``'s array, or N(0, 1) / √rank from ``seed``."""
+        p = self.params
+        if p.init == "random":
+            items = self.arrays["R"].shape[1]
+            return np.random.default_rng(p.seed).standard_normal((items, p.rank)) / math.sqrt(p.rank)
+        factors = read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
+        if not np.isfinite(factors).all():
+            raise InputError("params.init: the initial item factors hold NaN or infinite values")
+        return factors
+
+    def objective(self, terms: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+        """The objective from the item pass's terms (summed over its column blocks) and the factors."""
+        t = terms.sum(axis=0)
+        if not self.params.implicit:
+            return float(t[0] + self.params.l2 * (t[1] + t[2]))
+        pairs = float(np.sum((x.T @ x) * (y.T @ y)))  # Σ over all pairs of (x·y)²
+        return float(t[0] + pairs + self.params.l2 * (np.sum(x * x) + np.sum(y * y)))
+
+    def run(self, ctx: JobContext) -> JobResult:
+        p = self.params
+        workers = ctx.session.options.cluster.workers
+        plan = self.stages(workers)
+        with ctx.metrics.stage("load"):
+            # R's row blocks are read by the split (and stay for the users' passes); its pieces
+            # are kept, not held as results, so the budget's split of R does not count them
+            pieces = ctx.session.persist(plan["split"], handle=PIECES)
+            blocks = self._item_blocks(workers)[1]
+            kept = ctx.session.persist(plan["layout"], {"item_blocks": np.arange(blocks, dtype=np.int64)},
+                                       handle=COLUMNS)
+            ctx.session.release(pieces)
+            # kept as the declared programs read them
+            for arrays, declared in ((pieces, self._kept_pieces(workers)), (kept, {"columns": self._kept_columns(workers)})):
+                assert {k: a.attrs for k, a in arrays.items()} == {k: a.attrs for k, a in declared.items()}
+            saved = ctx.checkpoints.restore()  # the factors after an iteration
+            if saved is None:
+                y, x, objective, iterations = self.initial(ctx), None, [], 0
+            else:
+                st = saved.state
+                y, x = st["item_factors"], st["user_factors"]
+                objective, iterations = [float(v) for v in st["objective"]], int(st["iteration"])
+        users, items = plan["users"], plan["items"]
+        with ctx.metrics.stage(plan.stage_of("users")):
+            while iterations < p.max_iter:
+                x = ctx.session.compute(users, {"item_factors": y, **self._gram("item_gram", y)})["user_factors"]
+                r = ctx.session.compute(items, {"user_factors": x, **self._gram("user_gram", x)})
+                y = r["item_factors"]
+                objective.append(self.objective(r["terms"], x, y))
+                iterations += 1
+                ctx.metrics.iteration(iterations, p.max_iter, objective=objective[-1])
+                ctx.checkpoints.tick(iterations, {"user_factors": x, "item_factors": y,
+                                                  "objective": np.array(objective), "iteration": iterations})
+        ctx.session.release(kept)
+        assert x is not None  # max_iter >= 1
+        attrs = {"objective": objective, "iterations": iterations, "rank": p.rank, "l2": p.l2,
+                 "implicit": p.implicit, **({"alpha": p.alpha} if p.implicit else {})}
+        R = self.arrays["R"]
+        return JobResult({"user_factors": x, "item_factors": y}, attrs,
+                         [f"{iterations} iterations: objective {objective[0]:.10g} after the first, "
+                          f"{objective[-1]:.10g} after the last; {R.shape[0]:,} users × {R.shape[1]:,} items, "
+                          f"rank {p.rank}"])
+
+    def _gram(self, name: str, factors: np.ndarray) -> dict[str, np.ndarray]:
+        """FᵀF for the implicit systems (none for explicit ratings)."""
+        return {name: factors.T @ factors} if self.params.implicit else {}
