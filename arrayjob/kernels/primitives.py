@@ -25,7 +25,11 @@ def add_partials(*partials: Any) -> Any:
         return {k: add_partials(*(p[k] for p in partials)) for k in first}
     total = np.array(first, copy=True) if isinstance(first, np.ndarray) else first
     for p in partials[1:]:
-        total = total + p
+        if isinstance(total, np.ndarray) and total.shape == np.shape(p) and \
+                total.dtype == np.result_type(total, p):
+            total += p  # in place: a d-vector of partial gradients is not copied once per partial
+        else:
+            total = total + p
     return total
 
 
