@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 DEMOS = {
     "logreg": (["--rows", "3000", "--cols", "4", "--chunk-rows", "500"], {"coef", "intercept"}),
+    "logreg_multinomial": (["--rows", "3000", "--cols", "4", "--chunk-rows", "500", "--classes", "4"],
+                           {"coef", "intercept"}),
     "linreg": (["--rows", "3000", "--cols", "4", "--chunk-rows", "500"], {"coef", "intercept"}),
     "kmeans": (["--rows", "3000", "--cols", "3", "--chunk-rows", "500", "--k", "8"], {"centroids", "labels"}),
     "tsqr": (["--rows", "3000", "--cols", "5", "--chunk-rows", "500"], {"Q", "R"}),
@@ -21,7 +23,8 @@ DEMOS = {
     "cp_als": (["--shape", "20,15,10", "--chunk-rows", "4", "--rank", "8"], {"weights", "A", "B", "C"}),
     "pagerank": (["--rows", "300", "--edges", "3000", "--chunk-rows", "700"], {"rank"}),
 }
-CONFIG_NAME = {"cp_als": "cp-als"}
+CONFIG_NAME = {"cp_als": "cp-als", "logreg_multinomial": "logreg-multinomial"}
+ALGORITHM = {"logreg_multinomial": "logreg"}  # configs named otherwise than their algorithm
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -35,15 +38,16 @@ def bucket(request, workdir, monkeypatch):
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("algorithm", sorted(DEMOS))
-def test_config_runs_on_demo_data(algorithm, bucket, monkeypatch, capsys):
+@pytest.mark.parametrize("config", sorted(DEMOS))
+def test_config_runs_on_demo_data(config, bucket, monkeypatch, capsys):
     base, endpoint = bucket
     monkeypatch.setenv("ARRAYJOB_BUCKET", base)
-    args, arrays = DEMOS[algorithm]
-    code, _, err = run_cli(["datagen", algorithm, f"{base}/demo/{algorithm}", *args], capsys)
+    args, arrays = DEMOS[config]
+    algorithm = ALGORITHM.get(config, config)
+    code, _, err = run_cli(["datagen", algorithm, f"{base}/demo/{config}", *args], capsys)
     assert code == 0, err
     extra = ["--set", f"storage.endpoint_url={endpoint}"] if endpoint else []
-    code, out, err = run_cli(["run", str(REPO / f"configs/{algorithm}.toml"), "--json", *extra], capsys)
+    code, out, err = run_cli(["run", str(REPO / f"configs/{config}.toml"), "--json", *extra], capsys)
     assert code == 0, err
     report = json.loads(out)
     assert report["algorithm"] == algorithm and report["wall_seconds"] > 0
@@ -53,6 +57,6 @@ def test_config_runs_on_demo_data(algorithm, bucket, monkeypatch, capsys):
     if algorithm in ("linreg", "tsqr", "mttkrp"):  # one pass, no iterations to guess: every task planned
         planned = {s["name"]: s["tasks.count"] for s in report["estimate"]["stages"] if s["name"] != "shutdown"}
         assert {s["name"]: s["tasks"] for s in report["stages"] if s["name"] != "validate"} == planned
-    name = CONFIG_NAME.get(algorithm, algorithm)
+    name = CONFIG_NAME.get(config, config)
     group = read_result(f"{base}/results/{name}-demo", endpoint)
     assert set(group.array_keys()) == arrays
