@@ -25,12 +25,12 @@ import numpy as np
 
 from arrayjob import lazy as la
 from arrayjob.jobs.base import JobContext, JobResult
-from arrayjob.jobs.penalised import Evaluator, Penalty, fit
+from arrayjob.jobs.penalised import Evaluator, Penalty, Totals, fit
 
 
 def program(X: la.BlockArray, y: la.BlockArray, weights: la.BlockArray | None,
             fit_intercept: bool) -> dict[str, la.BlockArray]:
-    """½ Σ wᵢ zᵢ² and its gradient at the values ``w`` (and ``b``)."""
+    """½ Σ wᵢ zᵢ² and its gradient at the values ``w`` (and ``b``); Σ wᵢ when weighted."""
     z = X @ la.value("w", (X.shape[1],))
     if fit_intercept:
         z = z + la.value("b", ())
@@ -39,27 +39,32 @@ def program(X: la.BlockArray, y: la.BlockArray, weights: la.BlockArray | None,
     out = {"loss": 0.5 * (wz * z).sum(), "grad_w": X.T @ wz}
     if fit_intercept:
         out["grad_b"] = wz.sum()
+    if weights is not None:
+        out["weight_sum"] = weights.sum()
     return out
 
 
-def solve(ctx: JobContext, evaluation: dict[str, la.BlockArray], n: int, d: int, weight_sum: float, *,
+def solve(ctx: JobContext, evaluation: dict[str, la.BlockArray], n: int, d: int, *,
           l1: float, l2: float, fit_intercept: bool, tol: float, max_iter: int) -> JobResult:
     """Fit by OWL-QN, one pass of ``evaluation`` per trial point."""
 
-    def sums(theta: np.ndarray) -> tuple[float, np.ndarray, None]:
+    def sums(theta: np.ndarray) -> Totals:
         values = {"w": theta[:d]} | ({"b": theta[d]} if fit_intercept else {})
         r = ctx.session.compute(evaluation, values)
         grad = np.concatenate([r["grad_w"], [r["grad_b"]]] if fit_intercept else [r["grad_w"]])
-        return float(r["loss"]), grad, None
+        return float(r["loss"]), grad, None, float(r["weight_sum"]) if "weight_sum" in r else float(n)
 
-    evaluate = Evaluator(sums, weight_sum, Penalty(l1, l2, d))
-    fitted = fit(evaluate, np.zeros(d + fit_intercept), tol=tol, max_iter=max_iter, ctx=ctx, relative=True)
+    evaluate = Evaluator(sums, Penalty(l1, l2, d))
+    fitted = fit(evaluate, np.zeros(d + fit_intercept), saved=ctx.checkpoints.restore(), tol=tol, max_iter=max_iter,
+                 ctx=ctx, relative=True)
     coef = fitted.theta[:d]
     intercept = float(fitted.theta[d]) if fit_intercept else 0.0
     nonzero = int(np.count_nonzero(coef))
     attrs = {"objective": fitted.objective, "method": "owlqn", "iterations": fitted.iterations,
              "evaluations": evaluate.evaluations, "converged": fitted.converged,
              "gradient_norm": fitted.gradient_norm, "nonzero": nonzero, "n_samples": n, "n_features": d}
+    if "weight_sum" in evaluation:
+        attrs["weight_sum"] = evaluate.weight_sum
     summary = [f"OWL-QN {'converged' if fitted.converged else 'did NOT converge'} in {fitted.iterations} "
                f"iterations: objective {fitted.objective:.10g}, pseudo-gradient {fitted.gradient_norm:.2e} "
                f"(target {fitted.target:.2e}); {nonzero:,} of {d:,} coefficients non-zero"]

@@ -127,16 +127,14 @@ class LinearRegression(Job):
 
     def stages(self, workers: int) -> StagePlan:
         """One pass over X: R of [X 1 y] (``tsqr``), or the sums of the normal equations;
-        ``cg``: the sums, a product with XᵀX per iteration, and the residual; ``owlqn``: the
-        weights' sum (weighted only, at load) and one evaluation at the start and per iteration."""
+        ``cg``: the sums, a product with XᵀX per iteration, and the residual; ``owlqn``: one
+        evaluation at the start and one per iteration."""
         X = la.from_zarr(self.arrays["X"])
         y = _vector(la.from_zarr(self.arrays["y"]))
         w = sample_weights.sample_weights(self.arrays)
         if self.method == "owlqn":
-            passes = [Pass("weight_sum", "load", {"sum_w": w.sum()})] if w is not None else []
-            passes.append(Pass("evaluate", "fit", elastic_net.program(X, y, w, self.params.fit_intercept),
-                               Runs(once=1, per_iteration=1)))
-            return StagePlan(tuple(passes))
+            return StagePlan((Pass("evaluate", "fit", elastic_net.program(X, y, w, self.params.fit_intercept),
+                                   Runs(once=1, per_iteration=1)),))
         if self.method == "cg":
             z = X @ la.value("v", (X.shape[1],))
             b = la.value("b", ())
@@ -198,16 +196,10 @@ class LinearRegression(Job):
             return self._cg(ctx, plan, n, d)
         if self.method == "owlqn":
             with ctx.metrics.stage("load"):
-                total = float(n)
-                if "weights" in self.arrays:
-                    total = sample_weights.total(float(ctx.session.compute(plan["weight_sum"])["sum_w"]))
                 ctx.session.load(plan["evaluate"])
             with ctx.metrics.stage(plan.stage_of("evaluate")):
-                result = elastic_net.solve(ctx, plan["evaluate"], n, d, total, l1=p.l1, l2=p.l2,
-                                           fit_intercept=p.fit_intercept, tol=p.tol, max_iter=p.max_iter)
-            if "weights" in self.arrays:
-                result.attrs["weight_sum"] = total
-            return result
+                return elastic_net.solve(ctx, plan["evaluate"], n, d, l1=p.l1, l2=p.l2, fit_intercept=p.fit_intercept,
+                                         tol=p.tol, max_iter=p.max_iter)
         program, stage = plan[self.method], plan.stage_of(self.method)
         with ctx.metrics.stage("load"):
             ctx.session.load(program)
@@ -216,7 +208,7 @@ class LinearRegression(Job):
                 computed = ctx.session.compute(program)
                 total = sample_weights.total(float(computed["sum_w"])) if "sum_w" in computed else float(n)
                 coef, intercept, objective = self._from_r(computed["R"], total, d)
-            attrs = self._attrs(objective, coef, n, d, total)
+            attrs = self._attrs(objective, n, d, total)
             return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs,
                              [f"least squares by TSQR: objective {objective:.10g}"])
         with ctx.metrics.stage(stage):
@@ -236,13 +228,13 @@ class LinearRegression(Job):
             resid = (coef @ s["xtx"] @ coef + 2 * intercept * (sx @ coef) + total * intercept**2
                      - 2 * (coef @ s["xty"] + intercept * sy) + float(s["sum_yy"]))
             objective = max(resid, 0.0) / (2 * total) + 0.5 * p.l2 * float(coef @ coef)
-        attrs = self._attrs(objective, coef, n, d, total)
+        attrs = self._attrs(objective, n, d, total)
         summary = [f"solved the {d} × {d} normal equations: objective {objective:.10g}"]
         return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs, summary)
 
-    def _attrs(self, objective: float, coef: np.ndarray, n: int, d: int, total: float) -> dict[str, object]:
-        attrs: dict[str, object] = {"objective": float(objective), "method": self.method,
-                                    "nonzero": int(np.count_nonzero(coef)), "n_samples": n, "n_features": d}
+    def _attrs(self, objective: float, n: int, d: int, total: float) -> dict[str, object]:
+        attrs: dict[str, object] = {"objective": float(objective), "method": self.method, "n_samples": n,
+                                    "n_features": d}
         if "weights" in self.arrays:
             attrs["weight_sum"] = total
         return attrs
@@ -292,7 +284,7 @@ class LinearRegression(Job):
             rss = float(ctx.session.compute(plan["residual"], {"v": w, "b": intercept})["rss"])
         objective = rss / (2 * total) + 0.5 * p.l2 * float(w @ w)
         converged = bool(np.sqrt(rs) <= target)
-        attrs = self._attrs(objective, w, n, d, total) | {
+        attrs = self._attrs(objective, n, d, total) | {
             "iterations": iterations, "converged": converged, "residual_norm": float(np.sqrt(rs))}
         summary = [f"conjugate gradients {'converged' if converged else 'did NOT converge'} in {iterations} "
                    f"iterations: objective {objective:.10g}, residual {np.sqrt(rs):.2e} (target {target:.2e})"]

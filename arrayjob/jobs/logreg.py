@@ -13,11 +13,14 @@ This is scikit-learn's ``LogisticRegression(C = 1/((l1 + l2)·Σrᵢ), l1_ratio 
 ``standardization=false``); weights as ``jobs.sample_weights`` defines them.
 
 ``family = "auto"`` is multinomial when y holds more than two classes. K is ``classes`` when
-given; else a first pass over y alone (on the workers, in the load stage: 8n bytes, no X)
-finds the largest label, each label checked to be an integer ≥ 0 where its block is read, and
-K = largest + 1. With weights or balanced class weights, one more pass over y (and the
-weights) sums each class's weight. The estimate reads no data: it prices ``classes`` classes,
-or 2 when ``classes`` is 0.
+given (2 for the binary family); else the first evaluation finds it, with no pass of its own:
+it reads y with the check that every label is an integer ≥ 0 (on the workers, where each block
+is read) and returns the largest label besides the loss, and K = largest + 1. On binary data
+that pass is the fit's first evaluation; on more classes (or with balanced class weights) it
+costs one pass over X, after which the multinomial program reads the same blocks. A resumed
+run takes K from its checkpoint. The estimate reads no data: it prices ``classes`` classes,
+or 2 when ``classes`` is 0. Balanced class weights take one more pass over y (and the weights),
+summing each class's weight, once K is known.
 
 The loss and gradient (Newton: and Hessian) are one lazy program over X; the planner cuts X
 into row blocks, fuses the program into one kernel per block, and only the weights go out
@@ -40,6 +43,7 @@ import numpy as np
 import scipy.linalg
 
 from arrayjob import lazy as la
+from arrayjob.io.checkpoint import Checkpoint
 from arrayjob.jobs import multinomial, sample_weights
 from arrayjob.jobs.base import (
     Job,
@@ -51,7 +55,7 @@ from arrayjob.jobs.base import (
     require,
     require_features_and_targets,
 )
-from arrayjob.jobs.penalised import Evaluator, Penalty, Sums, fit
+from arrayjob.jobs.penalised import Evaluator, Penalty, Sums, Totals, fit
 from arrayjob.planner.kernel import Kernel
 from arrayjob.units import size
 
@@ -136,17 +140,13 @@ class LogisticRegression(Job):
         return f"{self.title} ({family}, {self.params.solver}) on X {X.shape[0]:,} × {X.shape[1]:,}"
 
     def stages(self, workers: int) -> StagePlan:
-        """The passes over y that find K and the class weights (load), then one evaluation at
-        the start and one per iteration: an estimate's count. A line search that backtracks
-        evaluates once more per step back (a run's ``evaluations``)."""
-        y = la.from_zarr(self.arrays["y"], check=multinomial.CHECK_INTEGER_LABELS)
+        """With balanced class weights, a pass over y (and the weights) summing each class's
+        weight; then one evaluation at the start and one per iteration: an estimate's count.
+        A line search that backtracks evaluates once more per step back (a run's ``evaluations``)."""
         passes = []
-        if self.given_classes is None:
-            passes.append(Pass("classes", "load", multinomial.labels_program(y)))
-        if self.weighted:
-            y = self._labels()
-            passes.append(Pass("class_totals", "load",
-                               multinomial.class_totals(y, self.classes or 2, sample_weights.sample_weights(self.arrays))))
+        if self.params.class_weight == "balanced":
+            totals = multinomial.class_totals(self._labels(), self.classes or 2, sample_weights.sample_weights(self.arrays))
+            passes.append(Pass("class_totals", "fit", totals))
         passes.append(Pass("evaluate", "fit", self._evaluation(), Runs(once=1, per_iteration=1)))
         return StagePlan(tuple(passes))
 
@@ -158,124 +158,156 @@ class LogisticRegression(Job):
         return [((d,), "float64", None), ((1,), "float64", None)]
 
     def _labels(self) -> la.BlockArray:
-        """y, checked where each block is read: 0/1, or integers below K."""
-        check = multinomial.check_classes(self.classes or 2) if self.multinomial else CHECK_LABELS
+        """y, checked where each block is read: 0/1 (binary), integers below K (K given), or
+        integers ≥ 0 (K to be found: one check, so every program reads the same blocks of y)."""
+        if self.given_classes is None:
+            check = multinomial.CHECK_INTEGER_LABELS
+        else:
+            check = multinomial.check_classes(self.given_classes) if self.multinomial else CHECK_LABELS
         y = la.from_zarr(self.arrays["y"], check=check)
         return y.sum(axis=1) if y.ndim == 2 else y
 
     def _evaluation(self) -> dict[str, la.BlockArray]:
-        """Σ rᵢ lossᵢ and its gradient (Newton: and Hessian), in one pass over X."""
+        """Σ rᵢ lossᵢ and its gradient (Newton: and Hessian) in one pass over X; Σ rᵢ when rows
+        are weighted, and the largest label when K is to be found."""
         X, y, p = la.from_zarr(self.arrays["X"]), self._labels(), self.params
         weights = sample_weights.sample_weights(self.arrays)
         if self.multinomial:
             k = self.classes or 2
             rows = multinomial.row_weights(y, k, weights, p.class_weight == "balanced")
-            return multinomial.softmax_program(X, y, k, p.fit_intercept, rows)
-        return _binary_program(X, y, p, weights)
+            out = multinomial.softmax_program(X, y, k, p.fit_intercept, rows)
+        else:
+            out = _binary_program(X, y, p, weights)
+        if self.given_classes is None:
+            out["largest"] = y.max()
+        return out
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
+        workers = ctx.session.options.cluster.workers
+        self.found_classes = None  # each run finds K afresh (or from its checkpoint)
         with ctx.metrics.stage("load"):
+            ctx.session.load(self.stages(workers)["evaluate"])
+        with ctx.metrics.stage("fit"):
+            saved = ctx.checkpoints.restore()
+            declared = (self.multinomial, self.classes or 2)
+            first = None  # the first pass, when it found K: (θ, its totals), or None if it is of no use
             if self.given_classes is None:
-                largest = ctx.session.compute(self.stages(ctx.session.options.cluster.workers)["classes"])["largest"]
-                self.found_classes = max(2, int(largest) + 1)
-            plan = self.stages(ctx.session.options.cluster.workers)
+                if saved is not None:  # θ's size says: d (+ 1), or K (d + 1)
+                    size, per_class = len(saved.state["x"]), d + p.fit_intercept
+                    self.found_classes = 2 if size == per_class else size // per_class
+                else:
+                    first = self._find_classes(ctx, workers)
             k = self.classes
             assert k is not None
-            weight_sum, class_weight = float(n), None
-            if self.weighted:
-                totals = np.atleast_1d(ctx.session.compute(plan["class_totals"])["totals"])
-                if p.class_weight == "balanced":
-                    class_weight = sample_weights.balanced(totals)
-                weight_sum = sample_weights.total(float(totals @ class_weight) if class_weight is not None
-                                                  else float(totals.sum()))
+            plan = self.stages(workers)
             program = plan["evaluate"]
-            ctx.session.load(program)
-        coefs = k * d if self.multinomial else d
-        penalty = Penalty(p.l1, p.l2, coefs)
-        bound: dict[str, object] = {} if class_weight is None else (
-            {"class_weight": class_weight} if self.multinomial else {"class_weight_0": class_weight[0],
-                                                                      "class_weight_1": class_weight[1]})
-        with ctx.metrics.stage(plan.stage_of("evaluate")):
-            evaluate = Evaluator(self._sums(ctx, program, k, d, bound), weight_sum, penalty)
+            if (self.multinomial, k) != declared:  # the same blocks (one check of y), another program
+                ctx.session.load(program)
+            class_weight = None
+            if p.class_weight == "balanced":
+                class_weight = sample_weights.balanced(np.atleast_1d(ctx.session.compute(plan["class_totals"])["totals"]))
+                first = None  # its loss weighed every class alike
+            coefs = k * d if self.multinomial else d
+            evaluate = Evaluator(self._sums(ctx, program, k, d, class_weight), Penalty(p.l1, p.l2, coefs))
             x0 = np.zeros(coefs + (k if self.multinomial else 1) * p.fit_intercept)
+            if first is not None and len(first[0]) == len(x0):
+                evaluate.take(x0, first[1])  # the first pass was the first evaluation
+            elif first is not None:
+                evaluate.evaluations = 1  # a pass over X all the same
             if p.solver == "newton":
-                theta, iterations, objective, grad_norm = self._newton(evaluate, x0, ctx)
+                theta, iterations, objective, grad_norm = self._newton(evaluate, x0, saved, ctx)
                 solver = "newton"
             else:
-                fitted = fit(evaluate, x0, tol=p.tol, max_iter=p.max_iter, ctx=ctx)
+                fitted = fit(evaluate, x0, saved=saved, tol=p.tol, max_iter=p.max_iter, ctx=ctx)
                 theta, iterations, objective, grad_norm = fitted.theta, fitted.iterations, fitted.objective, \
                     fitted.gradient_norm
                 solver = fitted.solver
-        converged = grad_norm <= p.tol
+        return self._result(theta, k, class_weight, evaluate, {
+            "objective": objective, "iterations": iterations, "evaluations": evaluate.evaluations,
+            "converged": bool(grad_norm <= p.tol), "gradient_norm": grad_norm, "solver": solver})
+
+    def _find_classes(self, ctx: JobContext, workers: int) -> tuple[np.ndarray, Totals] | None:
+        """K from the first pass (the declared program at θ = 0, which checks every label is an
+        integer ≥ 0 and finds the largest): the pass's θ and totals, for the first evaluation."""
+        k = 2 if self.multinomial else None  # K as declared before it is found
+        program = self.stages(workers)["evaluate"]
+        d, fit_intercept = self.arrays["X"].shape[1], self.params.fit_intercept
+        theta = np.zeros((k or 1) * d + (k or 1) * fit_intercept)
+        ones = None if self.params.class_weight == "none" else np.ones(2)
+        results: dict[str, np.ndarray] = {}
+        totals = self._sums(ctx, program, k or 2, d, ones, results)(theta)
+        self.found_classes = max(2, int(results["largest"]) + 1)
+        return theta, totals
+
+    def _result(self, theta: np.ndarray, k: int, class_weight: np.ndarray | None, evaluate: Evaluator,
+                attrs: dict[str, object]) -> JobResult:
+        p = self.params
+        n, d = self.arrays["X"].shape
+        coefs = k * d if self.multinomial else d
         coef = theta[:coefs]
         if self.multinomial:
             coef = coef.reshape(k, d)
             # the softmax is unchanged by a shift of every intercept: report the ones that sum to 0
             intercept = theta[coefs:] - theta[coefs:].mean() if p.fit_intercept else np.zeros(k)
+            attrs |= {"family": "multinomial", "classes": k}
         else:
             intercept = theta[coefs:] if p.fit_intercept else np.zeros(1)
-        attrs = {
-            "objective": objective,
-            "iterations": iterations,
-            "evaluations": evaluate.evaluations,  # passes over X
-            "converged": bool(converged),
-            "gradient_norm": grad_norm,
-            "solver": solver,
-            "family": "multinomial" if self.multinomial else "binary",
-            "classes": k,
-            "nonzero": int(np.count_nonzero(coef)),
-            "n_samples": n,
-            "n_features": d,
-        }
-        if self.weighted:
-            attrs["weight_sum"] = weight_sum
+        attrs |= {"n_samples": n, "n_features": d}
+        if p.l1 > 0:
+            attrs["nonzero"] = int(np.count_nonzero(coef))
+        if "weights" in self.arrays or class_weight is not None:
+            attrs["weight_sum"] = evaluate.weight_sum
         if class_weight is not None:
             attrs["class_weight"] = [float(c) for c in class_weight]
         summary = [
-            f"{'converged' if converged else 'did NOT converge'} in {iterations} iterations: "
-            f"objective {objective:.10g}, gradient norm {grad_norm:.2e} (tol {p.tol:g})",
+            f"{'converged' if attrs['converged'] else 'did NOT converge'} in {attrs['iterations']} iterations: "
+            f"objective {attrs['objective']:.10g}, gradient norm {attrs['gradient_norm']:.2e} (tol {p.tol:g})",
         ]
         if p.l1 > 0:
             summary.append(f"{attrs['nonzero']:,} of {coef.size:,} coefficients non-zero")
         return JobResult({"coef": coef, "intercept": intercept}, attrs, summary)
 
     def _sums(self, ctx: JobContext, program: dict[str, la.BlockArray], k: int, d: int,
-              bound: dict[str, object]) -> Sums:
-        """θ -> Σ rᵢ lossᵢ, its gradient and (Newton) Hessian: one pass over X."""
-        fit_intercept, newton = self.params.fit_intercept, self.params.solver == "newton"
+              class_weight: np.ndarray | None, results: dict[str, np.ndarray] | None = None) -> Sums:
+        """θ -> Σ rᵢ lossᵢ, its gradient and (Newton) Hessian, Σ rᵢ: one pass over X (its raw
+        results left in ``results``)."""
+        fit_intercept, newton, n = self.params.fit_intercept, self.params.solver == "newton", self.arrays["X"].shape[0]
+        multinomial_fit = "grad_W" in program
+        bound: dict[str, object] = {}
+        if class_weight is not None:
+            bound = {"class_weight": class_weight} if multinomial_fit else \
+                {"class_weight_0": class_weight[0], "class_weight_1": class_weight[1]}
 
-        if self.multinomial:
-            def softmax_sums(theta: np.ndarray) -> tuple[float, np.ndarray, None]:
+        def sums(theta: np.ndarray) -> Totals:
+            if multinomial_fit:
                 r = ctx.session.compute(program, multinomial.values(theta, k, d, fit_intercept) | bound)
-                return float(r["loss"]), multinomial.gradient(r, fit_intercept), None
-            return softmax_sums
+                grad, hess = multinomial.gradient(r, fit_intercept), None
+            else:
+                r = ctx.session.compute(program, {"w": theta[:d]} | ({"b": theta[d]} if fit_intercept else {}) | bound)
+                grad, hess = np.concatenate([r["grad_w"], [r["grad_b"]]] if fit_intercept else [r["grad_w"]]), None
+                if newton:
+                    hess = np.empty((len(theta), len(theta)))
+                    hess[:d, :d] = r["hess_ww"]
+                    if fit_intercept:
+                        hess[d, :d] = hess[:d, d] = r["hess_wb"]
+                        hess[d, d] = r["hess_bb"]
+            if results is not None:
+                results.update(r)
+            return float(r["loss"]), grad, hess, float(r["weight_sum"]) if "weight_sum" in r else float(n)
+        return sums
 
-        def binary_sums(theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray | None]:
-            values = {"w": theta[:d]} | ({"b": theta[d]} if fit_intercept else {}) | bound
-            r = ctx.session.compute(program, values)
-            grad = np.concatenate([r["grad_w"], [r["grad_b"]]] if fit_intercept else [r["grad_w"]])
-            hess = None
-            if newton:
-                hess = np.empty((len(theta), len(theta)))
-                hess[:d, :d] = r["hess_ww"]
-                if fit_intercept:
-                    hess[d, :d] = hess[:d, d] = r["hess_wb"]
-                    hess[d, d] = r["hess_bb"]
-            return float(r["loss"]), grad, hess
-        return binary_sums
-
-    def _newton(self, evaluate: Evaluator, x0: np.ndarray, ctx: JobContext) -> tuple[np.ndarray, int, float, float]:
+    def _newton(self, evaluate: Evaluator, x0: np.ndarray, saved: Checkpoint | None,
+                ctx: JobContext) -> tuple[np.ndarray, int, float, float]:
         """Newton's method with a backtracking (Armijo) line search; one pass per trial point.
         Its state (iterate, f, g, Hessian, counters) is checkpointed after each iteration when due."""
         p, checkpoints = self.params, ctx.checkpoints
-        saved = checkpoints.restore()
         if saved is not None:
             st = saved.state
             theta, loss, grad, hess = st["theta"], float(st["loss"]), st["grad"], st["hess"]
             iterations = int(st["iteration"])
-            evaluate.resume(theta, loss, grad, hess, int(st["evaluations"]))
+            evaluate.resume(theta, loss, grad, hess, int(st["evaluations"]), float(st.get("weight_sum", np.nan)))
         else:
             theta = x0
             loss, grad, hess = evaluate(theta)
@@ -300,7 +332,8 @@ class LogisticRegression(Job):
             iterations += 1
             ctx.metrics.iteration(iterations, p.max_iter, objective=loss, gradient_norm=float(np.linalg.norm(grad)))
             checkpoints.tick(iterations, {"theta": theta, "loss": loss, "grad": grad, "hess": hess,
-                                          "iteration": iterations, "evaluations": evaluate.evaluations})
+                                          "iteration": iterations, "evaluations": evaluate.evaluations,
+                                          "weight_sum": evaluate.weight_sum})
         return theta, iterations, loss, float(np.linalg.norm(grad))
 
 
@@ -327,6 +360,8 @@ def _binary_program(X: la.BlockArray, y: la.BlockArray, p: LogRegParams,
     out = {"loss": la.sum(loss), "grad_w": X.T @ dz}
     if p.fit_intercept:
         out["grad_b"] = la.sum(dz)
+    if rows is not None:
+        out["weight_sum"] = la.sum(rows)
     if p.solver == "newton":
         weight = prob * (1.0 - prob)
         if rows is not None:

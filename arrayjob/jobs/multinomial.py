@@ -12,7 +12,7 @@ about 4ndK flops (sparse X: 4·nnz·K) and 6nK elementwise, K(d + 1) + 1 partial
 block. θ is W row by row, then b: scikit-learn's ``coef_`` (K, d) and ``intercept_`` (K,).
 
 Labels are checked where each block of y is read: integers in 0..K−1 (the first bad one named),
-or, when K is to be found, integers ≥ 0, whose largest + 1 is K (``labels_program``).
+or, when K is to be found, integers ≥ 0 (``CHECK_INTEGER_LABELS``; the job finds the largest).
 """
 
 from __future__ import annotations
@@ -62,11 +62,6 @@ def one_hot(y: la.BlockArray, classes: int) -> la.BlockArray:
     return (label_column(y) == la.from_numpy(np.arange(classes, dtype=np.float64), name="class_ids")) * 1.0
 
 
-def labels_program(y: la.BlockArray) -> dict[str, la.BlockArray]:
-    """The largest label (y read with ``CHECK_INTEGER_LABELS``): K is it + 1."""
-    return {"largest": y.max()}
-
-
 def class_totals(y: la.BlockArray, classes: int, weights: la.BlockArray | None) -> dict[str, la.BlockArray]:
     """Each class's total sample weight (its row count without weights)."""
     Y = one_hot(y, classes)
@@ -85,7 +80,8 @@ def row_weights(y: la.BlockArray, classes: int, weights: la.BlockArray | None,
 
 def softmax_program(X: la.BlockArray, y: la.BlockArray, classes: int, fit_intercept: bool,
                     rows: la.BlockArray | None) -> dict[str, la.BlockArray]:
-    """Σ rᵢ lossᵢ and its gradient (``grad_W`` (K, d), ``grad_b`` (K,)) at the values ``W``, ``b``."""
+    """Σ rᵢ lossᵢ and its gradient (``grad_W`` (K, d), ``grad_b`` (K,)) at the values ``W``, ``b``
+    (and Σ rᵢ, ``weight_sum``, when ``rows`` weighs them)."""
     d = X.shape[1]
     Z = X @ la.value("W", (classes, d)).T
     if fit_intercept:
@@ -104,6 +100,7 @@ def softmax_program(X: la.BlockArray, y: la.BlockArray, classes: int, fit_interc
     out = {"loss": (rows * per_row).sum(), "grad_W": la.einsum("ik,i,ij->kj", D, rows, X)}
     if fit_intercept:
         out["grad_b"] = la.einsum("ik,i->k", D, rows)
+    out["weight_sum"] = rows.sum()
     return out
 
 

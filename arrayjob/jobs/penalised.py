@@ -4,8 +4,8 @@
 
 θ holds the coefficients w (penalised: the first ``Penalty.penalised`` entries) and then the
 intercepts (never penalised); rᵢ are the row weights (``jobs.sample_weights``; 1 without).
-A job supplies ``sums(θ)``: Σ rᵢ lossᵢ and its gradient (and Hessian, for Newton) from one
-pass over its data; ``Evaluator`` scales them and adds the L2 term, caching the last point.
+A job supplies ``sums(θ)``: Σ rᵢ lossᵢ, its gradient (and Hessian, for Newton) and Σ rᵢ from
+one pass over its data; ``Evaluator`` scales them and adds the L2 term, caching the last point.
 ``fit`` minimises F by L-BFGS (``jobs.lbfgs``) when l1 = 0, else by OWL-QN (``jobs.owlqn``,
 Andrew & Gao 2007, as Spark MLlib does), both from a checkpoint when a run resumes, and ticks
 the checkpoints after each iteration: a resumed fit ends where an undisturbed one would.
@@ -18,11 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrayjob.jobs import lbfgs, owlqn
+from arrayjob.io.checkpoint import Checkpoint
+from arrayjob.jobs import lbfgs, owlqn, sample_weights
 from arrayjob.jobs.base import JobContext
 
-# θ -> (Σ rᵢ lossᵢ, its gradient, its Hessian or None): one pass over the data
-Sums = Callable[[np.ndarray], tuple[float, np.ndarray, np.ndarray | None]]
+# One pass over the data, its results as they come back: Σ rᵢ lossᵢ, its gradient, its Hessian
+# (or None), Σ rᵢ
+Totals = tuple[float, np.ndarray, np.ndarray | None, float]
+Sums = Callable[[np.ndarray], Totals]
 
 
 @dataclass(frozen=True)
@@ -44,22 +47,28 @@ class Evaluator:
     """θ -> (smooth objective, gradient, Hessian or None): the loss's weighted mean plus
     (l2/2)‖w‖² (the L1 term is the solver's); one cluster pass per new θ, the last one cached."""
 
-    def __init__(self, sums: Sums, weight_sum: float, penalty: Penalty) -> None:
-        self.sums, self.weight_sum, self.penalty = sums, weight_sum, penalty
+    def __init__(self, sums: Sums, penalty: Penalty, evaluations: int = 0) -> None:
+        self.sums, self.penalty = sums, penalty
         self.last: tuple[np.ndarray, float, np.ndarray, np.ndarray | None] | None = None
-        self.evaluations = 0
+        self.evaluations = evaluations  # passes so far
+        self.weight_sum = float("nan")
 
     def resume(self, theta: np.ndarray, loss: float, grad: np.ndarray, hess: np.ndarray | None,
-               evaluations: int) -> None:
+               evaluations: int, weight_sum: float) -> None:
         """Be as after ``evaluations`` passes, the last at ``theta`` (a checkpoint's state)."""
         self.last = (np.array(theta), loss, np.array(grad), hess)
-        self.evaluations = evaluations
+        self.evaluations, self.weight_sum = evaluations, weight_sum
 
     def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray | None]:
         if self.last is not None and np.array_equal(self.last[0], theta):
             return self.last[1], self.last[2].copy(), self.last[3]
+        return self.take(theta, self.sums(theta))
+
+    def take(self, theta: np.ndarray, totals: Totals) -> tuple[float, np.ndarray, np.ndarray | None]:
+        """F's smooth part at θ from a pass's ``totals`` (made here, or by the job's first pass)."""
         self.evaluations += 1
-        total, grad, hess = self.sums(theta)
+        total, grad, hess, weight_sum = totals
+        self.weight_sum = sample_weights.total(weight_sum)
         k, l2 = self.penalty.penalised, self.penalty.l2
         w = theta[:k]
         loss = float(total) / self.weight_sum + 0.5 * l2 * float(w @ w)
@@ -94,30 +103,31 @@ class Fit:
         return self.gradient_norm <= self.target
 
 
-def fit(evaluate: Evaluator, x0: np.ndarray, *, tol: float, max_iter: int, ctx: JobContext,
-        relative: bool = False) -> Fit:
-    """Minimise F from ``x0`` (or from the run's checkpoint): L-BFGS without an L1 term, else
-    OWL-QN, until the norm of F's (pseudo-)gradient is at most ``tol`` (``relative``: ``tol``
-    times its norm at ``x0``). The whole state is checkpointed after each iteration, when due."""
+def fit(evaluate: Evaluator, x0: np.ndarray, *, saved: Checkpoint | None, tol: float, max_iter: int,
+        ctx: JobContext, relative: bool = False) -> Fit:
+    """Minimise F from ``x0``, or from ``saved`` (the run's checkpoint): L-BFGS without an L1
+    term, else OWL-QN, until the norm of F's (pseudo-)gradient is at most ``tol`` (``relative``:
+    ``tol`` times its norm at ``x0``). The whole state is checkpointed after each iteration, when due."""
     c = evaluate.penalty.l1_weights(len(x0))
     solver = "owlqn" if evaluate.penalty.l1 > 0 else "lbfgs"
 
     def norm(state: lbfgs.LBFGSState) -> float:
         return float(np.linalg.norm(owlqn.pseudo_gradient(state.x, state.g, c)))
 
-    saved = ctx.checkpoints.restore()
     if saved is not None:
         state = lbfgs.LBFGSState.from_dict(saved.state)
         target = float(saved.state.get("target", tol))  # absent from checkpoints made before it was kept
         # the cache at the iterate (f without its L1 term): no solver evaluates there again
-        evaluate.resume(state.x, state.f - float(np.abs(state.x) @ c), state.g, None, int(saved.state["evaluations"]))
+        evaluate.resume(state.x, state.f - float(np.abs(state.x) @ c), state.g, None, int(saved.state["evaluations"]),
+                        float(saved.state.get("weight_sum", np.nan)))
     else:
         state = owlqn.start(x0, evaluate.smooth, c) if solver == "owlqn" else lbfgs.LBFGSState.start(x0, evaluate.smooth)
         target = tol * norm(state) if relative else tol
 
     def save(state: lbfgs.LBFGSState) -> None:
         ctx.metrics.iteration(state.iteration, max_iter, objective=state.f, gradient_norm=norm(state))
-        ctx.checkpoints.tick(state.iteration, state.as_dict() | {"evaluations": evaluate.evaluations, "target": target})
+        ctx.checkpoints.tick(state.iteration, state.as_dict() | {"evaluations": evaluate.evaluations, "target": target,
+                                                                 "weight_sum": evaluate.weight_sum})
 
     if solver == "owlqn":
         state = owlqn.minimize(evaluate.smooth, state, c, tol=target, max_iter=max_iter, on_iteration=save)
