@@ -137,7 +137,8 @@ class LogisticRegression(Job):
     def describe(self) -> str:
         X = self.arrays["X"]
         family = f"multinomial, {self.classes or 'K'} classes" if self.multinomial else "binary"
-        return f"{self.title} ({family}, {self.params.solver}) on X {X.shape[0]:,} × {X.shape[1]:,}"
+        solver = "owlqn" if self.params.l1 > 0 else self.params.solver
+        return f"{self.title} ({family}, {solver}) on X {X.shape[0]:,} × {X.shape[1]:,}"
 
     def stages(self, workers: int) -> StagePlan:
         """With balanced class weights, a pass over y (and the weights) summing each class's
@@ -220,7 +221,8 @@ class LogisticRegression(Job):
                 theta, iterations, objective, grad_norm = self._newton(evaluate, x0, saved, ctx)
                 solver = "newton"
             else:
-                fitted = fit(evaluate, x0, saved=saved, tol=p.tol, max_iter=p.max_iter, ctx=ctx)
+                invariance = multinomial.LeastPenalty(k, d, p.l1, p.l2) if self.multinomial else None
+                fitted = fit(evaluate, x0, saved=saved, tol=p.tol, max_iter=p.max_iter, ctx=ctx, invariance=invariance)
                 theta, iterations, objective, grad_norm = fitted.theta, fitted.iterations, fitted.objective, \
                     fitted.gradient_norm
                 solver = fitted.solver

@@ -97,11 +97,21 @@ def _search(fun: Function, state: LBFGSState, c: np.ndarray, pg: np.ndarray, s_h
 
 
 def minimize(fun: Function, state: LBFGSState, c: np.ndarray, *, tol: float, max_iter: int, memory: int = 10,
-             on_iteration: Callable[[LBFGSState], None] = lambda state: None) -> LBFGSState:
-    """Iterate from ``state`` until the fit stops; ``on_iteration`` sees each new state (to save it)."""
+             on_iteration: Callable[[LBFGSState], None] = lambda state: None,
+             move: Callable[[LBFGSState], LBFGSState] | None = None) -> LBFGSState:
+    """Iterate from ``state`` until the fit stops; ``on_iteration`` sees each new state (to save it).
+
+    ``move``, if given, takes each state a step reached to one of no larger F (with F and ∇f
+    there, found without evaluating f: a move along which f's data term does not change), which
+    the next step starts from; the pairs stay the secants the steps measured."""
     if float(np.linalg.norm(pseudo_gradient(state.x, state.g, c))) <= tol or state.iteration >= max_iter:
         state.done = True
     while not state.done:
-        state = step(fun, state, c, tol=tol, max_iter=max_iter, memory=memory)
+        reached = step(fun, state, c, tol=tol, max_iter=max_iter, memory=memory)
+        if move is not None and not np.array_equal(reached.x, state.x):
+            reached = move(reached)
+            norm = float(np.linalg.norm(pseudo_gradient(reached.x, reached.g, c)))
+            reached.done = reached.iteration >= max_iter or norm <= tol
+        state = reached
         on_iteration(state)
     return state

@@ -42,6 +42,20 @@ class Penalty:
         c[: self.penalised] = self.l1
         return c
 
+    def value(self, theta: np.ndarray) -> float:
+        w = theta[: self.penalised]
+        return float(self.l1 * np.abs(w).sum() + 0.5 * self.l2 * (w @ w))
+
+    def moved(self, state: lbfgs.LBFGSState, x: np.ndarray) -> lbfgs.LBFGSState:
+        """``state`` at ``x`` instead, where the loss is the same (only the penalty differs):
+        F and ∇f there without a pass over the data."""
+        if np.array_equal(x, state.x):
+            return state
+        g = state.g.copy()
+        g[: self.penalised] += self.l2 * (x - state.x)[: self.penalised]
+        f = state.f + self.value(x) - self.value(state.x)
+        return lbfgs.LBFGSState(x, f, g, state.s, state.y, state.iteration, state.done)
+
 
 class Evaluator:
     """θ -> (smooth objective, gradient, Hessian or None): the loss's weighted mean plus
@@ -104,10 +118,15 @@ class Fit:
 
 
 def fit(evaluate: Evaluator, x0: np.ndarray, *, saved: Checkpoint | None, tol: float, max_iter: int,
-        ctx: JobContext, relative: bool = False) -> Fit:
+        ctx: JobContext, relative: bool = False,
+        invariance: Callable[[np.ndarray], np.ndarray] | None = None) -> Fit:
     """Minimise F from ``x0``, or from ``saved`` (the run's checkpoint): L-BFGS without an L1
     term, else OWL-QN, until the norm of F's (pseudo-)gradient is at most ``tol`` (``relative``:
-    ``tol`` times its norm at ``x0``). The whole state is checkpointed after each iteration, when due."""
+    ``tol`` times its norm at ``x0``). The whole state is checkpointed after each iteration, when due.
+
+    ``invariance``, if given, moves θ to the least penalty along a direction in which the loss
+    does not change (multinomial: ``multinomial.LeastPenalty``); OWL-QN applies it after each
+    step (L-BFGS from 0 never leaves that least penalty: its gradient has no part along it)."""
     c = evaluate.penalty.l1_weights(len(x0))
     solver = "owlqn" if evaluate.penalty.l1 > 0 else "lbfgs"
 
@@ -130,7 +149,9 @@ def fit(evaluate: Evaluator, x0: np.ndarray, *, saved: Checkpoint | None, tol: f
                                                                  "weight_sum": evaluate.weight_sum})
 
     if solver == "owlqn":
-        state = owlqn.minimize(evaluate.smooth, state, c, tol=target, max_iter=max_iter, on_iteration=save)
+        penalty = evaluate.penalty
+        move = None if invariance is None else (lambda state: penalty.moved(state, invariance(state.x)))
+        state = owlqn.minimize(evaluate.smooth, state, c, tol=target, max_iter=max_iter, on_iteration=save, move=move)
     else:
         state = lbfgs.minimize(evaluate.smooth, state, tol=target, max_iter=max_iter, on_iteration=save)
     return Fit(state.x, state.f, norm(state), target, state.iteration, solver)
