@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+import zarr
 from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 
 from arrayjob import lazy as la
@@ -144,6 +145,17 @@ def test_a_bad_label_is_named_where_its_block_is_read(tmp_path, params, label, m
     with pytest.raises(InputError) as raised:
         fit(job)
     assert re.fullmatch(rf"inputs\.y: {re.escape(message)} in \[\d+:\d+\] of .*/y", str(raised.value))
+
+
+@pytest.mark.parametrize("sparse", [[], ["--nnz-per-row", "4"]], ids=["dense", "sparse"])
+def test_datagen_writes_labels_of_k_classes(tmp_path, capsys, sparse):
+    code, _, err = run_cli(["datagen", "logreg", str(tmp_path / "demo"), "--rows", "3000", "--cols", "12",
+                            "--chunk-rows", "1000", "--classes", "4", *sparse], capsys)
+    assert code == 0, err
+    y = zarr.open_array(str(tmp_path / "demo/y.zarr"), mode="r")[:]
+    assert set(np.unique(y)) == {0.0, 1.0, 2.0, 3.0} and np.bincount(y.astype(int)).min() > 300
+    code, _, err = run_cli(["datagen", "kmeans", str(tmp_path / "other"), "--classes", "3"], capsys)
+    assert code == 2 and err.strip() == "arrayjob: error: datagen: --classes is for logreg, not kmeans"
 
 
 @pytest.mark.ray

@@ -95,7 +95,7 @@ class LogisticRegression(Job):
     sparse_inputs = ("X",)
     Params = LogRegParams
     params: LogRegParams
-    found_classes: int | None = None  # K, once a run's first pass over y has found it
+    found_classes: int | None = None  # K, once a run's first evaluation has found it
 
     def check_inputs(self) -> None:
         p = self.params
@@ -230,7 +230,7 @@ class LogisticRegression(Job):
             "objective": objective, "iterations": iterations, "evaluations": evaluate.evaluations,
             "converged": bool(grad_norm <= p.tol), "gradient_norm": grad_norm, "solver": solver})
 
-    def _find_classes(self, ctx: JobContext, workers: int) -> tuple[np.ndarray, Totals] | None:
+    def _find_classes(self, ctx: JobContext, workers: int) -> tuple[np.ndarray, Totals]:
         """K from the first pass (the declared program at θ = 0, which checks every label is an
         integer ≥ 0 and finds the largest): the pass's θ and totals, for the first evaluation."""
         k = 2 if self.multinomial else None  # K as declared before it is found
