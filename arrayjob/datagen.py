@@ -6,11 +6,13 @@ Data are generated chunk by chunk with a seed per chunk, so the bytes depend onl
 
 With ``--nnz-per-row`` (or ``--density``), logreg, linreg and kmeans write X as a sparse CSR
 group (AnnData's layout, ``io.sparse_writer``), a slab of rows at a time; y stays dense. ALS's
-ratings R are always such a group, so it needs one of the two.
+ratings R are always such a group, so it needs one of the two. With ``--classes K`` (K > 2),
+logreg's labels are 0..K−1 (multinomial data).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -39,6 +41,7 @@ class DatagenRequest:
     edges: int = 0  # edges (pagerank); 10 × rows if 0
     nnz_per_row: int = 0  # > 0: X sparse, with this many non-zeros in every row (logreg, linreg, kmeans; als's R)
     density: float = 0.0  # > 0: X sparse, with round(density × cols) non-zeros in every row
+    classes: int = 2  # logreg's classes: more than 2 writes labels 0..classes − 1
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -83,13 +86,35 @@ def logreg(req: DatagenRequest) -> StorageCounters:
     """Two overlapping Gaussian classes (as in NumS's evaluation): x ~ N(±mu, I), |mu| = 1.
 
     Labels are balanced Bernoulli(1/2); the class means are ±1/sqrt(d) in every coordinate,
-    so the classes overlap and the regularised logistic loss has a finite optimum.
+    so the classes overlap and the regularised logistic loss has a finite optimum. With
+    ``classes`` K > 2: ``multinomial``.
     """
+    if req.classes > 2:
+        return multinomial(req)
     counters = StorageCounters()
     _write_rows(req, "X", (req.rows, req.cols), "float64",
                 lambda s, n, rng: next(_labels_and_features(req, s, n, rng)), counters)
     _write_rows(req, "y", (req.rows,), "float64",
                 lambda s, n, rng: list(_labels_and_features(req, s, n, rng))[1], counters)
+    return counters
+
+
+def multinomial(req: DatagenRequest) -> StorageCounters:
+    """K overlapping Gaussian classes: labels uniform on 0..K−1 (as floats), x ~ N(mu_y, I) with
+    the class means mu_k drawn once (seeded) from N(0, I/d): |mu_k| about 1, so the classes
+    overlap and the softmax loss has a finite optimum."""
+    counters = StorageCounters()
+    means = _rng(req.seed, 97).standard_normal((req.classes, req.cols)) / np.sqrt(req.cols)
+
+    def labels(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(0, req.classes, size=rows).astype(np.float64)
+
+    def features(start: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+        y = labels(start, rows, _rng(req.seed, 1, start // req.chunk_rows)).astype(np.int64)
+        return means[y] + rng.standard_normal((rows, req.cols))
+
+    _write_rows(req, "X", (req.rows, req.cols), "float64", features, counters, stream=0)
+    _write_rows(req, "y", (req.rows,), "float64", labels, counters, stream=1)
     return counters
 
 
@@ -285,12 +310,18 @@ def _write_sparse(req: DatagenRequest, nnz: int, make: SparseRows, counters: Sto
 
 def sparse_logreg(req: DatagenRequest, nnz: int) -> StorageCounters:
     """Rows of ``nnz`` standard normal values at random columns; labels Bernoulli(sigmoid(2 x·w))
-    for a true weight vector w nonzero on a tenth of the columns."""
+    for a true weight vector w nonzero on a tenth of the columns. With ``classes`` K > 2: labels
+    drawn from softmax(2 x·w_k) (the largest of x·w_k plus Gumbel noise), one such w_k a class."""
     counters = StorageCounters()
     w = 2.0 * _true_weights(req, nnz)
+    if req.classes > 2:
+        w = np.stack([2.0 * _true_weights(dataclasses.replace(req, seed=req.seed + k), nnz) for k in range(req.classes)])
 
     def rows(start: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         columns, values = _sparse_columns(rng, n, nnz, req.cols), rng.standard_normal((n, nnz))
+        if req.classes > 2:
+            scores = np.einsum("ij,kij->ik", values, w[:, columns]) + rng.gumbel(size=(n, req.classes))
+            return columns, values, scores.argmax(axis=1).astype(np.float64)
         margin = (values * w[columns]).sum(axis=1)
         return columns, values, (rng.random(n) < 1.0 / (1.0 + np.exp(-margin))).astype(np.float64)
 
@@ -386,6 +417,10 @@ def generate(algorithm: str, req: DatagenRequest) -> StorageCounters:
                         ("--k", req.k), ("--rank", req.rank)):
         if value < 1:
             raise SpecError(f"datagen: {name} must be >= 1, got {value}")
+    if req.classes < 2:
+        raise SpecError(f"datagen: --classes must be >= 2, got {req.classes}")
+    if req.classes != 2 and algorithm != "logreg":
+        raise SpecError(f"datagen: --classes is for logreg, not {algorithm}")
     if any(s < 1 for s in req.shape):
         raise SpecError(f"datagen: --shape sizes must be >= 1, got {req.shape}")
     nnz = _row_nnz(algorithm, req)

@@ -150,6 +150,15 @@ def logreg_data(n: int = 3000, d: int = 5, seed: int = 0) -> tuple[np.ndarray, n
     return X, y
 
 
+def multinomial_data(n: int = 3000, d: int = 5, classes: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``classes`` overlapping Gaussian classes (labels 0..K−1 as floats), uneven feature scales."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    X = rng.standard_normal((classes, d))[y] + rng.standard_normal((n, d))
+    X[:, 0] *= 3.0
+    return X, y.astype(np.float64)
+
+
 def write_spec(path: Path, *, inputs: dict[str, Any], output: str, algorithm: str = "logreg",
                params: str = "", storage: str = "", extra: str = "") -> Path:
     """A spec file; an input is a URI, or a dict written as an inline table (strings and lists

@@ -171,7 +171,21 @@ BAD = [
     ("cp_als", {"X": ((4, 5, 6), (2, 5, 6))}, {"rank": 0}, SpecError, "params.rank: expected an integer >= 1, got 0"),
     ("tsqr", {"A": ((4, 5), (2, 5))}, {}, InputError, "inputs.A: expected a tall matrix (rows >= columns > 0), got shape (4, 5)"),
     ("linreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"method": "qr"}, SpecError,
-     "params.method: expected one of 'auto', 'tsqr', 'normal', 'cg', got 'qr'"),
+     "params.method: expected one of 'auto', 'tsqr', 'normal', 'cg', 'owlqn', got 'qr'"),
+    ("linreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"method": "tsqr", "l1": 0.1}, InputError,
+     'params.method: tsqr solves least squares with an l2 penalty only; l1 > 0 needs "owlqn" (or "auto")'),
+    ("linreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,)), "weights": ((9,), (5,))}, {}, InputError,
+     "inputs.weights: expected shape (10,) to match the rows of inputs.X (10, 3), got (9,)"),
+    ("logreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"solver": "newton", "l1": 0.1}, InputError,
+     "params.solver: newton takes no l1 penalty (use lbfgs: OWL-QN)"),
+    ("logreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"solver": "newton", "family": "multinomial"},
+     InputError, "params.solver: newton fits the binary family only (use lbfgs for more than two classes)"),
+    ("logreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"family": "binary", "classes": 3}, InputError,
+     "params.classes: the binary family has 2 classes, got 3"),
+    ("logreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"classes": 1}, SpecError,
+     "params.classes: expected 0 (found from y) or an integer >= 2, got 1"),
+    ("logreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"class_weight": "auto"}, SpecError,
+     "params.class_weight: expected one of 'none', 'balanced', got 'auto'"),
 ]
 
 

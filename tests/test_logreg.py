@@ -200,20 +200,26 @@ def test_failure_after_writing_leaves_no_success_and_rerun_recovers(workdir, cap
 
 
 BAD_DATA = [
-    ("nan in X", lambda X, y: X.__setitem__((517, 1), np.nan), "inputs.X: NaN or infinite values in [400:600, 0:3] of {cwd}/X.zarr"),
-    ("label 2", lambda X, y: y.__setitem__(33, 2.0), "inputs.y: labels must be 0 or 1, found 2.0 in [0:200] of {cwd}/y.zarr"),
+    ("nan in X", lambda X, y: X.__setitem__((517, 1), np.nan), "",
+     "inputs.X: NaN or infinite values in [400:600, 0:3] of {cwd}/X.zarr"),
+    # a binary fit: label 2 is not 0 or 1 (under family "auto" it would make the fit multinomial)
+    ("label 2", lambda X, y: y.__setitem__(33, 2.0), 'family = "binary"\n',
+     "inputs.y: labels must be 0 or 1, found 2.0 in [0:200] of {cwd}/y.zarr"),
+    # family "auto": the first pass over y, which finds the classes, names the label
+    ("label 0.5", lambda X, y: y.__setitem__(433, 0.5), "",
+     "inputs.y: labels must be integers >= 0, found 0.5 in [400:600] of {cwd}/y.zarr"),
 ]
 
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("name,corrupt,expected", BAD_DATA, ids=[b[0] for b in BAD_DATA])
-def test_bad_data_is_one_line_exit_2_nothing_written(workdir, capsys, name, corrupt, expected):
+@pytest.mark.parametrize("name,corrupt,params,expected", BAD_DATA, ids=[b[0] for b in BAD_DATA])
+def test_bad_data_is_one_line_exit_2_nothing_written(workdir, capsys, name, corrupt, params, expected):
     X, y = logreg_data(800, 3)
     corrupt(X, y)
     write_array("X.zarr", X, (200, 3))
     write_array("y.zarr", y, (200,))
-    spec = write_spec(workdir / "s.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out")
+    spec = write_spec(workdir / "s.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out", params=params)
     code, out, err = run_cli(["run", str(spec)], capsys)
     assert (code, out) == (2, "")
     assert without_progress(err) == f"arrayjob: error: {expected.format(cwd=workdir)}\n"

@@ -44,6 +44,7 @@ from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.jobs import lbfgs
 from tests.helpers import (
     logreg_data,
+    multinomial_data,
     published,
     read_result,
     run_cli,
@@ -222,8 +223,28 @@ def _pca(base: Path) -> dict[str, str]:
     return {"X": "X"}
 
 
+def _multinomial(base: Path) -> dict[str, str]:
+    X, y = multinomial_data(2000, 5, 3, seed=9)
+    write_array(str(base / "X.zarr"), X, (500, 5))
+    write_array(str(base / "y.zarr"), y, (500,))
+    write_array(str(base / "weights.zarr"), np.random.default_rng(9).uniform(0.5, 2.0, 2000), (500,))
+    return {"X": "X.zarr", "y": "y.zarr", "weights": "weights.zarr"}
+
+
+def _lasso(base: Path) -> dict[str, str]:
+    X, _ = logreg_data(1500, 8, seed=10)
+    y = X @ np.array([1.0, 0.0, -0.5, 0.0, 0.0, 2.0, 0.0, 0.1]) + 0.3 + 0.2 * np.random.default_rng(10).standard_normal(1500)
+    write_array(str(base / "X.zarr"), X, (500, 8))
+    write_array(str(base / "y.zarr"), y, (500,))
+    return {"X": "X.zarr", "y": "y.zarr"}
+
+
 ALGORITHMS = {
     "lbfgs": _logreg("lbfgs"),
+    # OWL-QN's state (the L-BFGS record, F with its L1 term) on a weighted, balanced, multinomial fit
+    "multinomial-owlqn": ("logreg", _multinomial, 'l1 = 1e-3\nl2 = 1e-3\nclass_weight = "balanced"\ntol = 1e-8\n',
+                          ("objective", "evaluations", "nonzero")),
+    "linreg-owlqn": ("linreg", _lasso, "l1 = 0.02\nl2 = 0.01\n", ("objective", "evaluations", "nonzero")),
     # conjugate gradients on a sparse X: its iterate, residual and direction checkpointed
     "linreg-cg-sparse": ("linreg", _sparse_linreg, 'method = "cg"\ntol = 1e-12\n', ("objective",)),
     "newton": _logreg("newton"),

@@ -342,6 +342,8 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
 @click.option("--chunk-rows", type=int, default=25_000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--k", "clusters", type=int, default=8, show_default=True, help="Clusters (kmeans), components (gmm).")
+@click.option("--classes", type=int, default=2, show_default=True,
+              help="Classes (logreg; more than 2: multinomial labels 0..K-1).")
 @click.option("--rank", type=int, default=8, show_default=True, help="Rank (mttkrp, cp_als, pca, als).")
 @click.option("--shape", default="", help="Tensor shape I,J,K (mttkrp, cp_als) [default: rows,cols,cols].")
 @click.option("--edges", type=int, default=0, help="Edges (pagerank) [default: 10 × rows].")
@@ -352,7 +354,7 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
               help="Write X sparse, with this fraction of each row non-zero (logreg, linreg, kmeans, als).")
 @debug_option
 def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, seed: int, clusters: int,
-            rank: int, shape: str, edges: int, nnz_per_row: int, density: float, debug: bool) -> None:
+            classes: int, rank: int, shape: str, edges: int, nnz_per_row: int, density: float, debug: bool) -> None:
     """Write demo input arrays for ALGORITHM under URI (Zarr v3; X as a sparse CSR group in
     AnnData's layout with --nnz-per-row or --density; als: the ratings R, users × items, always
     such a group)."""
@@ -367,7 +369,7 @@ def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, see
     except ValueError:
         raise SpecError(f"datagen: --shape expects sizes like 400,400,400, got {shape!r}") from None
     request = DatagenRequest(location, rows, cols, chunk_rows, seed, StorageOptions(), k=clusters, rank=rank,
-                             shape=dims, edges=edges, nnz_per_row=nnz_per_row, density=density)
+                             shape=dims, edges=edges, nnz_per_row=nnz_per_row, density=density, classes=classes)
     counters = generate(algorithm, request)
     click.echo(f"wrote {algorithm} demo data to {location}: {size(counters.bytes_written)} "
                f"in {counters.put_requests:,} requests")

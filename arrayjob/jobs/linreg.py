@@ -1,7 +1,13 @@
-"""Linear regression (ridge), by TSQR or by the normal equations, in one pass over X.
+"""Linear regression: least squares, ridge (TSQR, the normal equations, conjugate gradients)
+or with an L1 / elastic-net penalty (OWL-QN).
 
-Objective: minimise (1/(2n)) ||X w + b − y||² + (l2/2) ||w||², intercept unpenalised —
-scikit-learn's ``Ridge(alpha = l2·n)`` (``LinearRegression`` when l2 = 0).
+Objective: minimise (1/(2n)) ||X w + b − y||² + l1 ||w||₁ + (l2/2) ||w||², intercept
+unpenalised — scikit-learn's ``Ridge(alpha = l2·n)`` (``LinearRegression`` when l2 = 0), and
+``ElasticNet(alpha = l1 + l2, l1_ratio = l1/(l1 + l2))`` when l1 > 0 (``jobs.elastic_net``).
+With sample weights (the optional input ``weights``, (n,), ≥ 0) the loss is the weighted mean
+(1/(2Σwᵢ)) Σ wᵢ (xᵢ·w + b − yᵢ)²: ``Ridge(alpha = l2·Σwᵢ)`` and ``ElasticNet`` with the same
+``sample_weight``; each method below scales X's rows by √wᵢ (TSQR) or weights its sums, and n
+becomes Σwᵢ.
 
 ``method = "tsqr"`` (default): the R factor of [X 1 y] by TSQR (see ``jobs.tsqr``); the
 ridge rows √(n·l2)·I are appended to R on the driver and factored again, and
@@ -24,9 +30,12 @@ direction) is checkpointed after each iteration. Converges to ‖r‖ ≤ tol·�
 iterations in exact arithmetic; in practice in far fewer when X is well conditioned (use
 l2 > 0 otherwise). Cost: 4·nnz flops and a d-vector per block per iteration.
 
-``method = "auto"`` (the default): ``tsqr`` for a dense X; for a sparse one, ``normal``
-while d ≤ 4096 (a 128 MB Gram matrix on the driver) and ``cg`` above. The plan and the
-result say which.
+``method = "owlqn"``: the L1 / elastic-net fit (``jobs.elastic_net``), one pass per evaluation.
+The other methods refuse l1 > 0.
+
+``method = "auto"`` (the default): ``owlqn`` when l1 > 0; else ``tsqr`` for a dense X; for a
+sparse one, ``normal`` while d ≤ 4096 (a 128 MB Gram matrix on the driver) and ``cg`` above.
+The plan and the result say which.
 """
 
 from __future__ import annotations
@@ -40,12 +49,14 @@ import numpy as np
 import scipy.linalg
 
 from arrayjob import lazy as la
+from arrayjob.jobs import elastic_net, sample_weights
 from arrayjob.jobs.base import (
     EACH_ITERATION,
     Job,
     JobContext,
     JobResult,
     Pass,
+    Runs,
     StagePlan,
     require,
     require_features_and_targets,
@@ -61,9 +72,11 @@ NORMAL_MAX_FEATURES = 4096
 @dataclass(frozen=True)
 class LinRegParams:
     l2: float = field(default=0.0, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
+    l1: float = field(default=0.0, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
     fit_intercept: bool = True
-    method: Literal["auto", "tsqr", "normal", "cg"] = "auto"
-    # conjugate gradients only: stop at ‖residual‖ ≤ tol·‖Xᵀy‖ or after max_iter passes
+    method: Literal["auto", "tsqr", "normal", "cg", "owlqn"] = "auto"
+    # iterative methods only: stop at ‖residual‖ ≤ tol·‖Xᵀy‖ (cg), at ‖pseudo-gradient‖ ≤
+    # tol·its norm at the start (owlqn), or after max_iter iterations
     tol: float = field(default=1e-10, metadata={"check": lambda v: 0 < v < 1, "expect": "a number between 0 and 1"})
     max_iter: int = field(default=1000, metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
 
@@ -71,21 +84,29 @@ class LinRegParams:
 class LinearRegression(Job):
     name = "linreg"
     title = "linear regression"
-    inputs = ("X", "y")
+    inputs = ("X", "y", "weights")
+    optional_inputs = ("weights",)
     sparse_inputs = ("X",)
     Params = LinRegParams
     params: LinRegParams
 
     def check_inputs(self) -> None:
         require_features_and_targets(self.arrays)
-        require(self.params.method != "tsqr" or self.arrays["X"].sparse is None,
+        sample_weights.require_weights(self.arrays)
+        method = self.params.method
+        require(method != "tsqr" or self.arrays["X"].sparse is None,
                 "params.method: tsqr factors dense blocks and inputs.X is sparse (use \"normal\", \"cg\" or \"auto\")")
+        require(self.params.l1 == 0 or method in ("auto", "owlqn"),
+                f"params.method: {method} solves least squares with an l2 penalty only; l1 > 0 needs \"owlqn\" "
+                "(or \"auto\")")
 
     @property
     def method(self) -> str:
         """The method that runs: ``params.method``, with ``auto`` resolved from X."""
         if self.params.method != "auto":
             return self.params.method
+        if self.params.l1 > 0:
+            return "owlqn"
         X = self.arrays["X"]
         if X.sparse is None:
             return "tsqr"
@@ -97,7 +118,7 @@ class LinearRegression(Job):
         return f"{self.title} ({self.method}) on X {X.shape[0]:,} × {X.shape[1]:,}{kind}"
 
     def iterations_assumed(self, iterations: int | None = None) -> tuple[int, str]:
-        if self.method != "cg":
+        if self.method not in ("cg", "owlqn"):
             return 1, "a single pass"
         return super().iterations_assumed(iterations)
 
@@ -106,40 +127,65 @@ class LinearRegression(Job):
 
     def stages(self, workers: int) -> StagePlan:
         """One pass over X: R of [X 1 y] (``tsqr``), or the sums of the normal equations;
-        ``cg``: the sums, a product with XᵀX per iteration, and the residual."""
+        ``cg``: the sums, a product with XᵀX per iteration, and the residual; ``owlqn``: one
+        evaluation at the start and one per iteration."""
+        X = la.from_zarr(self.arrays["X"])
+        y = _vector(la.from_zarr(self.arrays["y"]))
+        w = sample_weights.sample_weights(self.arrays)
+        if self.method == "owlqn":
+            return StagePlan((Pass("evaluate", "fit", elastic_net.program(X, y, w, self.params.fit_intercept),
+                                   Runs(once=1, per_iteration=1)),))
         if self.method == "cg":
-            X = la.from_zarr(self.arrays["X"])
-            y = _vector(la.from_zarr(self.arrays["y"]))
             z = X @ la.value("v", (X.shape[1],))
             b = la.value("b", ())
+            wy, wz, rss = y, z, la.square(z + b - y)
+            moments = {"sum_x": X.sum(axis=0)}
+            if w is not None:
+                wy, wz, rss = w * y, w * z, w * rss
+                moments = {"sum_x": X.T @ w, "sum_w": w.sum()}
             return StagePlan((
-                Pass("moments", "fit", {"xty": X.T @ y, "sum_x": X.sum(axis=0), "sum_y": y.sum()}),
-                Pass("cg", "fit", {"xtxv": X.T @ z, "sum_xv": z.sum()}, EACH_ITERATION),
-                Pass("residual", "fit", {"rss": la.square(z + b - y).sum()}),
+                Pass("moments", "fit", {"xty": X.T @ wy, **moments, "sum_y": wy.sum()}),
+                Pass("cg", "fit", {"xtxv": X.T @ wz, "sum_xv": wz.sum()}, EACH_ITERATION),
+                Pass("residual", "fit", {"rss": rss.sum()}),
             ))
         return StagePlan((Pass(self.method, "fit", self._one_pass(workers)),))
 
     def _one_pass(self, workers: int) -> dict[str, la.BlockArray]:
         X = la.from_zarr(self.arrays["X"])
         y = la.from_zarr(self.arrays["y"])
+        w = sample_weights.sample_weights(self.arrays)
         if self.method == "tsqr":
             rows = block_rows_for(self, "X", workers)
             n, d = X.shape
             cols = d + (2 if self.params.fit_intercept else 1)
             blocks = -(-n // rows)
             kernel = AUGMENTED_R_WITH_ONES if self.params.fit_intercept else AUGMENTED_R
-            (r_stack,) = la.map_blocks(kernel, X, y, outputs=[((blocks * cols, cols), "float64", cols)],
-                                       block_rows=[rows, rows], cost=augmented_r_cost)
+            operands = [X, y]
+            if w is not None:  # rows scaled by √wᵢ
+                kernel = WEIGHTED_R_WITH_ONES if self.params.fit_intercept else WEIGHTED_R
+                operands.append(w)
+            (r_stack,) = la.map_blocks(kernel, *operands, outputs=[((blocks * cols, cols), "float64", cols)],
+                                       block_rows=[rows] * len(operands), cost=augmented_r_cost)
             _, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * cols, cols), "float64", None),
                                                                  ((cols, cols), "float64", None)], cost=qr_block_cost)
-            return {"R": r}
+            return {"R": r} if w is None else {"R": r, "sum_w": w.sum()}
         y = _vector(y)
+        if w is None:
+            return {
+                "xtx": la.einsum("ij,ik->jk", X, X),
+                "xty": X.T @ y,
+                "sum_x": X.sum(axis=0),
+                "sum_y": y.sum(),
+                "sum_yy": (y * y).sum(),
+            }
+        wy = w * y
         return {
-            "xtx": la.einsum("ij,ik->jk", X, X),
-            "xty": X.T @ y,
-            "sum_x": X.sum(axis=0),
-            "sum_y": y.sum(),
-            "sum_yy": (y * y).sum(),
+            "xtx": la.einsum("ij,i,ik->jk", X, w, X),
+            "xty": X.T @ wy,
+            "sum_x": X.T @ w,
+            "sum_y": wy.sum(),
+            "sum_yy": (wy * y).sum(),
+            "sum_w": w.sum(),
         }
 
     def run(self, ctx: JobContext) -> JobResult:
@@ -148,50 +194,68 @@ class LinearRegression(Job):
         plan = self.stages(ctx.session.options.cluster.workers)
         if self.method == "cg":
             return self._cg(ctx, plan, n, d)
+        if self.method == "owlqn":
+            with ctx.metrics.stage("load"):
+                ctx.session.load(plan["evaluate"])
+            with ctx.metrics.stage(plan.stage_of("evaluate")):
+                return elastic_net.solve(ctx, plan["evaluate"], n, d, l1=p.l1, l2=p.l2, fit_intercept=p.fit_intercept,
+                                         tol=p.tol, max_iter=p.max_iter)
         program, stage = plan[self.method], plan.stage_of(self.method)
         with ctx.metrics.stage("load"):
             ctx.session.load(program)
         if self.method == "tsqr":
             with ctx.metrics.stage(stage):
-                coef, intercept, objective = self._from_r(ctx.session.compute(program)["R"], n, d)
-            attrs = {"objective": float(objective), "method": self.method, "n_samples": n, "n_features": d}
+                computed = ctx.session.compute(program)
+                total = sample_weights.total(float(computed["sum_w"])) if "sum_w" in computed else float(n)
+                coef, intercept, objective = self._from_r(computed["R"], total, d)
+            attrs = self._attrs(objective, n, d, total)
             return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs,
                              [f"least squares by TSQR: objective {objective:.10g}"])
         with ctx.metrics.stage(stage):
             s = ctx.session.compute(program)
+            total = sample_weights.total(float(s["sum_w"])) if "sum_w" in s else float(n)
             gram, xty, sx, sy = s["xtx"], s["xty"], s["sum_x"], float(s["sum_y"])
             if p.fit_intercept:
-                gram = gram - np.outer(sx, sx) / n
-                xty = xty - sx * sy / n
-            system = gram + n * p.l2 * np.eye(d)
+                gram = gram - np.outer(sx, sx) / total
+                xty = xty - sx * sy / total
+            system = gram + total * p.l2 * np.eye(d)
             try:
                 coef = scipy.linalg.solve(system, xty, assume_a="pos")
             except (np.linalg.LinAlgError, ValueError):
                 coef = np.linalg.lstsq(system, xty, rcond=None)[0]
-            intercept = (sy - sx @ coef) / n if p.fit_intercept else 0.0
-            # ||Xw + b - y||² from the sums: no second pass over X.
-            resid = (coef @ s["xtx"] @ coef + 2 * intercept * (sx @ coef) + n * intercept**2
+            intercept = (sy - sx @ coef) / total if p.fit_intercept else 0.0
+            # ||Xw + b - y||² (weighted) from the sums: no second pass over X.
+            resid = (coef @ s["xtx"] @ coef + 2 * intercept * (sx @ coef) + total * intercept**2
                      - 2 * (coef @ s["xty"] + intercept * sy) + float(s["sum_yy"]))
-            objective = max(resid, 0.0) / (2 * n) + 0.5 * p.l2 * float(coef @ coef)
-        attrs = {"objective": float(objective), "method": self.method, "n_samples": n, "n_features": d}
+            objective = max(resid, 0.0) / (2 * total) + 0.5 * p.l2 * float(coef @ coef)
+        attrs = self._attrs(objective, n, d, total)
         summary = [f"solved the {d} × {d} normal equations: objective {objective:.10g}"]
         return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs, summary)
 
+    def _attrs(self, objective: float, n: int, d: int, total: float) -> dict[str, object]:
+        attrs: dict[str, object] = {"objective": float(objective), "method": self.method, "n_samples": n,
+                                    "n_features": d}
+        if "weights" in self.arrays:
+            attrs["weight_sum"] = total
+        return attrs
+
     def _cg(self, ctx: JobContext, plan: StagePlan, n: int, d: int) -> JobResult:
-        """Conjugate gradients on (XcᵀXc + n·l2·I) w = Xcᵀ(y − ȳ), Xc = X − 1μᵀ never formed."""
+        """Conjugate gradients on (XcᵀWXc + Σw·l2·I) w = XcᵀW(y − ȳ), Xc = X − 1μᵀ never formed
+        (μ, ȳ: the weighted means; W = I without weights)."""
         p = self.params
         with ctx.metrics.stage("load"):
             ctx.session.load(plan["moments"])
         with ctx.metrics.stage("fit"):
             m = ctx.session.compute(plan["moments"])
-            mean = m["sum_x"] / n if p.fit_intercept else np.zeros(d)
-            y_mean = float(m["sum_y"]) / n if p.fit_intercept else 0.0
-            rhs = m["xty"] - n * mean * y_mean
+            total = sample_weights.total(float(m["sum_w"])) if "sum_w" in m else float(n)
+            mean = m["sum_x"] / total if p.fit_intercept else np.zeros(d)
+            y_mean = float(m["sum_y"]) / total if p.fit_intercept else 0.0
+            rhs = m["xty"] - total * mean * y_mean
 
-            def product(v: np.ndarray) -> np.ndarray:  # (XcᵀXc + n·l2·I) v, one pass over X
+            def product(v: np.ndarray) -> np.ndarray:  # (XcᵀWXc + Σw·l2·I) v, one pass over X
                 r = ctx.session.compute(plan["cg"], {"v": v})
                 mv = float(mean @ v)
-                return r["xtxv"] - mv * n * mean - mean * (float(r["sum_xv"]) - n * mv) + n * p.l2 * v
+                return r["xtxv"] - mv * total * mean - mean * (float(r["sum_xv"]) - total * mv) + total * p.l2 * v
 
             saved = ctx.checkpoints.restore()
             if saved is not None:
@@ -218,25 +282,26 @@ class LinearRegression(Job):
                                                   "iteration": iterations})
             intercept = y_mean - float(mean @ w)
             rss = float(ctx.session.compute(plan["residual"], {"v": w, "b": intercept})["rss"])
-        objective = rss / (2 * n) + 0.5 * p.l2 * float(w @ w)
+        objective = rss / (2 * total) + 0.5 * p.l2 * float(w @ w)
         converged = bool(np.sqrt(rs) <= target)
-        attrs = {"objective": objective, "method": "cg", "iterations": iterations, "converged": converged,
-                 "residual_norm": float(np.sqrt(rs)), "n_samples": n, "n_features": d}
+        attrs = self._attrs(objective, n, d, total) | {
+            "iterations": iterations, "converged": converged, "residual_norm": float(np.sqrt(rs))}
         summary = [f"conjugate gradients {'converged' if converged else 'did NOT converge'} in {iterations} "
                    f"iterations: objective {objective:.10g}, residual {np.sqrt(rs):.2e} (target {target:.2e})"]
         return JobResult({"coef": w, "intercept": np.array([intercept])}, attrs, summary)
 
-    def _from_r(self, r: np.ndarray, n: int, d: int) -> tuple[np.ndarray, float, float]:
-        """Coefficients from the R factor of [X 1 y] (or [X y]), ridge rows appended."""
+    def _from_r(self, r: np.ndarray, total: float, d: int) -> tuple[np.ndarray, float, float]:
+        """Coefficients from the R factor of [X 1 y] (or [X y]; rows scaled by √wᵢ), ridge rows
+        appended; ``total``: n, or Σwᵢ."""
         p = self.params
         k = r.shape[0] - 1  # parameter columns; the last column is y
         if p.l2 > 0:
             ridge = np.zeros((d, k + 1))
-            ridge[:, :d] = np.sqrt(n * p.l2) * np.eye(d)
+            ridge[:, :d] = np.sqrt(total * p.l2) * np.eye(d)
             r = np.linalg.qr(np.vstack([r, ridge]))[1]
         theta = scipy.linalg.solve_triangular(r[:k, :k], r[:k, k]) if np.all(np.diag(r[:k, :k]) != 0) \
             else np.linalg.lstsq(r[:k, :k], r[:k, k], rcond=None)[0]
-        objective = float(r[k, k] ** 2) / (2 * n)
+        objective = float(r[k, k] ** 2) / (2 * total)
         return theta[:d], (float(theta[d]) if p.fit_intercept else 0.0), objective
 
 
@@ -245,9 +310,10 @@ def _vector(y: la.BlockArray) -> la.BlockArray:
     return y.sum(axis=1) if y.ndim == 2 else y
 
 
-def _augmented(X: np.ndarray, y: np.ndarray, ones: bool) -> np.ndarray:
+def _augmented(X: np.ndarray, y: np.ndarray, ones: bool, w: np.ndarray | None = None) -> np.ndarray:
     columns = [X, np.ones((X.shape[0], 1))] if ones else [X]
-    return np.concatenate([*columns, y.reshape(-1, 1)], axis=1)
+    block = np.concatenate([*columns, y.reshape(-1, 1)], axis=1)
+    return block if w is None else block * np.sqrt(w.reshape(-1, 1))
 
 
 def augmented_r_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
@@ -255,7 +321,7 @@ def augmented_r_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
     column of ones is priced as if present)."""
     rows, d = shapes[0][0], math.prod(shapes[0][1:])
     work = qr_block_cost([(rows, d + 2)])
-    work["elementwise"] = work.get("elementwise", 0.0) + rows * (d + 2)
+    work["elementwise"] = work.get("elementwise", 0.0) + rows * (d + 2) * (2 if len(shapes) > 2 else 1)
     return work
 
 
@@ -267,5 +333,15 @@ def augmented_r_with_ones(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return r_of_block(_augmented(X, y, ones=True))
 
 
+def weighted_r(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return r_of_block(_augmented(X, y, ones=False, w=w))
+
+
+def weighted_r_with_ones(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return r_of_block(_augmented(X, y, ones=True, w=w))
+
+
 AUGMENTED_R = Kernel("r_of_xy_block", augmented_r)
 AUGMENTED_R_WITH_ONES = Kernel("r_of_x1y_block", augmented_r_with_ones)
+WEIGHTED_R = Kernel("r_of_weighted_xy_block", weighted_r)
+WEIGHTED_R_WITH_ONES = Kernel("r_of_weighted_x1y_block", weighted_r_with_ones)

@@ -1,19 +1,37 @@
-"""L2-regularised logistic regression, fitted by L-BFGS or Newton's method.
+"""Logistic regression, binary or multinomial, with L2, L1 or elastic-net penalties and
+sample weights; fitted by L-BFGS, OWL-QN or Newton's method.
 
-Objective (labels y in {0, 1}, s = 2y - 1, intercept b unpenalised):
+Objective (row weights rᵢ, 1 without ``weights`` or ``class_weight``; intercepts unpenalised):
 
-    f(w, b) = (1/n) sum_i log(1 + exp(-s_i (x_i . w + b))) + (l2/2) ||w||^2
+    F = (1/Σrᵢ) Σᵢ rᵢ lossᵢ + l1 ‖w‖₁ + (l2/2) ‖w‖²
 
-This is scikit-learn's ``LogisticRegression(C=1/(l2 n))``. The loss and gradient (and for
-Newton the Hessian) are one lazy program over X; the planner cuts X into row blocks,
-fuses the program into one kernel per block, and only the weights go out and d+2
-(Newton: (d+1)^2 more) partial sums come back per block. The solver itself (L-BFGS from
-``jobs.lbfgs``, or Newton steps with a backtracking line search) runs on the driver, and
-its whole state is checkpointed (``io.checkpoint``) so that a run resumed after a kill ends
-exactly where an undisturbed run would.
+binary (labels 0/1, s = 2y − 1): lossᵢ = log(1 + exp(−sᵢ (xᵢ·w + b)));
+multinomial (labels 0..K−1): the softmax cross-entropy of xᵢ Wᵀ + b (``jobs.multinomial``).
+This is scikit-learn's ``LogisticRegression(C = 1/((l1 + l2)·Σrᵢ), l1_ratio = l1/(l1 + l2))``
+(C = 1/(l2·n) without weights or L1; ``solver="saga"`` when l1 > 0), and Spark MLlib's
+``LogisticRegression(regParam = l1 + l2, elasticNetParam = l1/(l1 + l2))`` (with
+``standardization=false``); weights as ``jobs.sample_weights`` defines them.
 
-Cost per evaluation, for X of n x d: one pass over X in memory (8nd bytes; storage is
-read once per job), about 4nd flops (L-BFGS) or 2nd^2 more (Newton).
+``family = "auto"`` is multinomial when y holds more than two classes. K is ``classes`` when
+given (2 for the binary family); else the first evaluation finds it, with no pass of its own:
+it reads y with the check that every label is an integer ≥ 0 (on the workers, where each block
+is read) and returns the largest label besides the loss, and K = largest + 1. On binary data
+that pass is the fit's first evaluation; on more classes (or with balanced class weights) it
+costs one pass over X, after which the multinomial program reads the same blocks. A resumed
+run takes K from its checkpoint. The estimate reads no data: it prices ``classes`` classes,
+or 2 when ``classes`` is 0. Balanced class weights take one more pass over y (and the weights),
+summing each class's weight, once K is known.
+
+The loss and gradient (Newton: and Hessian) are one lazy program over X; the planner cuts X
+into row blocks, fuses the program into one kernel per block, and only the weights go out
+and the partial sums come back per block. The solver runs on the driver (``jobs.penalised``:
+L-BFGS, or OWL-QN when l1 > 0; or Newton steps with a backtracking line search, binary and
+L2 only), and its whole state is checkpointed (``io.checkpoint``) so that a run resumed
+after a kill ends exactly where an undisturbed run would.
+
+Cost per evaluation, for X of n x d and K classes: one pass over X in memory (8nd bytes;
+storage is read once per job), about 4nd flops (binary), 4ndK (multinomial), or 2nd² more
+(Newton).
 """
 
 from __future__ import annotations
@@ -25,7 +43,8 @@ import numpy as np
 import scipy.linalg
 
 from arrayjob import lazy as la
-from arrayjob.jobs import lbfgs
+from arrayjob.io.checkpoint import Checkpoint
+from arrayjob.jobs import multinomial, sample_weights
 from arrayjob.jobs.base import (
     Job,
     JobContext,
@@ -36,6 +55,7 @@ from arrayjob.jobs.base import (
     require,
     require_features_and_targets,
 )
+from arrayjob.jobs.penalised import Evaluator, Penalty, Sums, Totals, fit
 from arrayjob.planner.kernel import Kernel
 from arrayjob.units import size
 
@@ -55,8 +75,13 @@ CHECK_LABELS = Kernel("check_labels", _check_labels)
 
 @dataclass(frozen=True)
 class LogRegParams:
-    solver: Literal["lbfgs", "newton"] = "lbfgs"
+    solver: Literal["lbfgs", "newton"] = "lbfgs"  # lbfgs: OWL-QN when l1 > 0
+    family: Literal["auto", "binary", "multinomial"] = "auto"
+    classes: int = field(default=0, metadata={"check": lambda v: v == 0 or v >= 2,
+                                              "expect": "0 (found from y) or an integer >= 2"})
     l2: float = field(default=1e-4, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
+    l1: float = field(default=0.0, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
+    class_weight: Literal["none", "balanced"] = "none"
     fit_intercept: bool = True
     max_iter: int = field(default=100, metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
     tol: float = field(default=1e-6, metadata={"check": lambda v: v > 0 and np.isfinite(v), "expect": "a number > 0"})
@@ -65,127 +90,232 @@ class LogRegParams:
 class LogisticRegression(Job):
     name = "logreg"
     title = "logistic regression"
-    inputs = ("X", "y")
+    inputs = ("X", "y", "weights")
+    optional_inputs = ("weights",)
     sparse_inputs = ("X",)
     Params = LogRegParams
     params: LogRegParams
+    found_classes: int | None = None  # K, once a run's first evaluation has found it
 
     def check_inputs(self) -> None:
+        p = self.params
         require_features_and_targets(self.arrays)
+        sample_weights.require_weights(self.arrays)
         d = self.arrays["X"].shape[1]
-        require(self.params.solver != "newton" or d <= NEWTON_MAX_FEATURES,
-                f"params.solver: newton forms a d × d Hessian on every pass (d = {d:,}: {size(8.0 * (d + 1) ** 2)} "
-                f"per block); use lbfgs above {NEWTON_MAX_FEATURES:,} features")
+        require(p.family != "binary" or p.classes in (0, 2),
+                f"params.classes: the binary family has 2 classes, got {p.classes}")
+        if p.solver == "newton":
+            require(p.family != "multinomial" and p.classes in (0, 2),
+                    "params.solver: newton fits the binary family only (use lbfgs for more than two classes)")
+            require(p.l1 == 0, "params.solver: newton takes no l1 penalty (use lbfgs: OWL-QN)")
+            require(d <= NEWTON_MAX_FEATURES,
+                    f"params.solver: newton forms a d × d Hessian on every pass (d = {d:,}: "
+                    f"{size(8.0 * (d + 1) ** 2)} per block); use lbfgs above {NEWTON_MAX_FEATURES:,} features")
+
+    @property
+    def given_classes(self) -> int | None:
+        """K, when the params fix it: 2 for the binary family (and Newton), or ``params.classes``."""
+        p = self.params
+        if p.family == "binary" or p.solver == "newton":
+            return 2
+        return p.classes or None
+
+    @property
+    def classes(self) -> int | None:
+        """K, when known: given, or found by the run's first pass over y (None before it)."""
+        return self.given_classes or self.found_classes
+
+    @property
+    def multinomial(self) -> bool:
+        """Whether the fit is multinomial (with K assumed 2 while unknown, as the estimate does)."""
+        return self.params.family == "multinomial" or (self.classes or 2) > 2
+
+    @property
+    def weighted(self) -> bool:
+        return "weights" in self.arrays or self.params.class_weight == "balanced"
 
     def describe(self) -> str:
         X = self.arrays["X"]
-        return f"{self.title} ({self.params.solver}) on X {X.shape[0]:,} × {X.shape[1]:,}"
+        family = f"multinomial, {self.classes or 'K'} classes" if self.multinomial else "binary"
+        solver = "owlqn" if self.params.l1 > 0 else self.params.solver
+        return f"{self.title} ({family}, {solver}) on X {X.shape[0]:,} × {X.shape[1]:,}"
 
     def stages(self, workers: int) -> StagePlan:
-        """One evaluation at the start and one per iteration: an estimate's count. A line
-        search that backtracks evaluates once more per step back (a run's ``evaluations``)."""
-        return StagePlan((Pass("evaluate", "fit", self._evaluation(), Runs(once=1, per_iteration=1)),))
+        """With balanced class weights, a pass over y (and the weights) summing each class's
+        weight; then one evaluation at the start and one per iteration: an estimate's count.
+        A line search that backtracks evaluates once more per step back (a run's ``evaluations``)."""
+        passes = []
+        if self.params.class_weight == "balanced":
+            totals = multinomial.class_totals(self._labels(), self.classes or 2, sample_weights.sample_weights(self.arrays))
+            passes.append(Pass("class_totals", "fit", totals))
+        passes.append(Pass("evaluate", "fit", self._evaluation(), Runs(once=1, per_iteration=1)))
+        return StagePlan(tuple(passes))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
-        return [((self.arrays["X"].shape[1],), "float64", None), ((1,), "float64", None)]
+        d = self.arrays["X"].shape[1]
+        if self.multinomial:
+            k = self.classes or 2
+            return [((k, d), "float64", None), ((k,), "float64", None)]
+        return [((d,), "float64", None), ((1,), "float64", None)]
+
+    def _labels(self) -> la.BlockArray:
+        """y, checked where each block is read: 0/1 (binary), integers below K (K given), or
+        integers ≥ 0 (K to be found: one check, so every program reads the same blocks of y)."""
+        if self.given_classes is None:
+            check = multinomial.CHECK_INTEGER_LABELS
+        else:
+            check = multinomial.check_classes(self.given_classes) if self.multinomial else CHECK_LABELS
+        y = la.from_zarr(self.arrays["y"], check=check)
+        return y.sum(axis=1) if y.ndim == 2 else y
 
     def _evaluation(self) -> dict[str, la.BlockArray]:
-        """Loss and gradient (Newton: and Hessian) of the summed loss, in one pass over X."""
-        X = la.from_zarr(self.arrays["X"])
-        y = la.from_zarr(self.arrays["y"], check=CHECK_LABELS)
-        if y.ndim == 2:
-            y = y.sum(axis=1)
-        d = X.shape[1]
-        w = la.value("w", (d,))
-        z = X @ w
-        if self.params.fit_intercept:
-            z = z + la.value("b", ())
-        sign = 2.0 * y - 1.0
-        margin = sign * z
-        p = la.sigmoid(-margin)
-        dz = -sign * p
-        out = {"loss": la.sum(la.logaddexp(0.0, -margin)), "grad_w": X.T @ dz}
-        if self.params.fit_intercept:
-            out["grad_b"] = la.sum(dz)
-        if self.params.solver == "newton":
-            weight = p * (1.0 - p)
-            out["hess_ww"] = la.einsum("ij,i,ik->jk", X, weight, X)
-            if self.params.fit_intercept:
-                out["hess_wb"] = X.T @ weight
-                out["hess_bb"] = la.sum(weight)
+        """Σ rᵢ lossᵢ and its gradient (Newton: and Hessian) in one pass over X; Σ rᵢ when rows
+        are weighted, and the largest label when K is to be found."""
+        X, y, p = la.from_zarr(self.arrays["X"]), self._labels(), self.params
+        weights = sample_weights.sample_weights(self.arrays)
+        if self.multinomial:
+            k = self.classes or 2
+            rows = multinomial.row_weights(y, k, weights, p.class_weight == "balanced")
+            out = multinomial.softmax_program(X, y, k, p.fit_intercept, rows)
+        else:
+            out = _binary_program(X, y, p, weights)
+        if self.given_classes is None:
+            out["largest"] = y.max()
         return out
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        plan = self.stages(ctx.session.options.cluster.workers)
-        program = plan["evaluate"]
+        workers = ctx.session.options.cluster.workers
+        self.found_classes = None  # each run finds K afresh (or from its checkpoint)
         with ctx.metrics.stage("load"):
-            ctx.session.load(program)
-        with ctx.metrics.stage(plan.stage_of("evaluate")):
-            evaluate = _Evaluator(ctx, program, n, d, p)
-            theta, iterations = (self._lbfgs if p.solver == "lbfgs" else self._newton)(evaluate, d, ctx)
-            objective, grad, _ = evaluate(theta)
-        grad_norm = float(np.linalg.norm(grad))
-        converged = grad_norm <= p.tol
-        attrs = {
-            "objective": objective,
-            "iterations": iterations,
-            "evaluations": evaluate.evaluations,  # passes over X
-            "converged": bool(converged),
-            "gradient_norm": grad_norm,
-            "solver": p.solver,
-            "n_samples": n,
-            "n_features": d,
-        }
-        summary = [
-            f"{'converged' if converged else 'did NOT converge'} in {iterations} iterations: "
-            f"objective {objective:.10g}, gradient norm {grad_norm:.2e} (tol {p.tol:g})",
-        ]
-        intercept = theta[d:] if p.fit_intercept else np.zeros(1)
-        return JobResult({"coef": theta[:d], "intercept": intercept}, attrs, summary)
+            ctx.session.load(self.stages(workers)["evaluate"])
+        with ctx.metrics.stage("fit"):
+            saved = ctx.checkpoints.restore()
+            declared = (self.multinomial, self.classes or 2)
+            first = None  # the first pass, when it found K: (θ, its totals), or None if it is of no use
+            if self.given_classes is None:
+                if saved is not None:  # θ's size says: d (+ 1), or K (d + 1)
+                    size, per_class = len(saved.state["x"]), d + p.fit_intercept
+                    self.found_classes = 2 if size == per_class else size // per_class
+                else:
+                    first = self._find_classes(ctx, workers)
+            k = self.classes
+            assert k is not None
+            plan = self.stages(workers)
+            program = plan["evaluate"]
+            if (self.multinomial, k) != declared:  # the same blocks (one check of y), another program
+                ctx.session.load(program)
+            class_weight = None
+            if p.class_weight == "balanced":
+                class_weight = sample_weights.balanced(np.atleast_1d(ctx.session.compute(plan["class_totals"])["totals"]))
+                first = None  # its loss weighed every class alike
+            coefs = k * d if self.multinomial else d
+            evaluate = Evaluator(self._sums(ctx, program, k, d, class_weight), Penalty(p.l1, p.l2, coefs))
+            x0 = np.zeros(coefs + (k if self.multinomial else 1) * p.fit_intercept)
+            if first is not None and len(first[0]) == len(x0):
+                evaluate.take(x0, first[1])  # the first pass was the first evaluation
+            elif first is not None:
+                evaluate.evaluations = 1  # a pass over X all the same
+            if p.solver == "newton":
+                theta, iterations, objective, grad_norm = self._newton(evaluate, x0, saved, ctx)
+                solver = "newton"
+            else:
+                invariance = multinomial.LeastPenalty(k, d, p.l1, p.l2) if self.multinomial else None
+                fitted = fit(evaluate, x0, saved=saved, tol=p.tol, max_iter=p.max_iter, ctx=ctx, invariance=invariance)
+                theta, iterations, objective, grad_norm = fitted.theta, fitted.iterations, fitted.objective, \
+                    fitted.gradient_norm
+                solver = fitted.solver
+        return self._result(theta, k, class_weight, evaluate, {
+            "objective": objective, "iterations": iterations, "evaluations": evaluate.evaluations,
+            "converged": bool(grad_norm <= p.tol), "gradient_norm": grad_norm, "solver": solver})
 
-    def _initial(self, d: int) -> np.ndarray:
-        return np.zeros(d + 1 if self.params.fit_intercept else d)
+    def _find_classes(self, ctx: JobContext, workers: int) -> tuple[np.ndarray, Totals]:
+        """K from the first pass (the declared program at θ = 0, which checks every label is an
+        integer ≥ 0 and finds the largest): the pass's θ and totals, for the first evaluation."""
+        k = 2 if self.multinomial else None  # K as declared before it is found
+        program = self.stages(workers)["evaluate"]
+        d, fit_intercept = self.arrays["X"].shape[1], self.params.fit_intercept
+        theta = np.zeros((k or 1) * d + (k or 1) * fit_intercept)
+        ones = None if self.params.class_weight == "none" else np.ones(2)
+        results: dict[str, np.ndarray] = {}
+        totals = self._sums(ctx, program, k or 2, d, ones, results)(theta)
+        self.found_classes = max(2, int(results["largest"]) + 1)
+        return theta, totals
 
-    def _lbfgs(self, evaluate: _Evaluator, d: int, ctx: JobContext) -> tuple[np.ndarray, int]:
-        """L-BFGS (``jobs.lbfgs``), its whole state checkpointed after each iteration when due."""
-        p, checkpoints = self.params, ctx.checkpoints
-
-        def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
-            loss, grad, _ = evaluate(theta)
-            return loss, grad
-
-        saved = checkpoints.restore()
-        if saved is not None:
-            state = lbfgs.LBFGSState.from_dict(saved.state)
-            evaluate.resume(state.x, state.f, state.g, None, int(saved.state["evaluations"]))
+    def _result(self, theta: np.ndarray, k: int, class_weight: np.ndarray | None, evaluate: Evaluator,
+                attrs: dict[str, object]) -> JobResult:
+        p = self.params
+        n, d = self.arrays["X"].shape
+        coefs = k * d if self.multinomial else d
+        coef = theta[:coefs]
+        if self.multinomial:
+            coef = coef.reshape(k, d)
+            # the softmax is unchanged by a shift of every intercept: report the ones that sum to 0
+            intercept = theta[coefs:] - theta[coefs:].mean() if p.fit_intercept else np.zeros(k)
+            attrs |= {"family": "multinomial", "classes": k}
         else:
-            state = lbfgs.LBFGSState.start(self._initial(d), fun)
+            intercept = theta[coefs:] if p.fit_intercept else np.zeros(1)
+        attrs |= {"n_samples": n, "n_features": d}
+        if p.l1 > 0:
+            attrs["nonzero"] = int(np.count_nonzero(coef))
+        if "weights" in self.arrays or class_weight is not None:
+            attrs["weight_sum"] = evaluate.weight_sum
+        if class_weight is not None:
+            attrs["class_weight"] = [float(c) for c in class_weight]
+        summary = [
+            f"{'converged' if attrs['converged'] else 'did NOT converge'} in {attrs['iterations']} iterations: "
+            f"objective {attrs['objective']:.10g}, gradient norm {attrs['gradient_norm']:.2e} (tol {p.tol:g})",
+        ]
+        if p.l1 > 0:
+            summary.append(f"{attrs['nonzero']:,} of {coef.size:,} coefficients non-zero")
+        return JobResult({"coef": coef, "intercept": intercept}, attrs, summary)
 
-        def save(state: lbfgs.LBFGSState) -> None:
-            ctx.metrics.iteration(state.iteration, p.max_iter, objective=state.f,
-                                  gradient_norm=float(np.linalg.norm(state.g)))
-            checkpoints.tick(state.iteration, state.as_dict() | {"evaluations": evaluate.evaluations})
+    def _sums(self, ctx: JobContext, program: dict[str, la.BlockArray], k: int, d: int,
+              class_weight: np.ndarray | None, results: dict[str, np.ndarray] | None = None) -> Sums:
+        """θ -> Σ rᵢ lossᵢ, its gradient and (Newton) Hessian, Σ rᵢ: one pass over X (its raw
+        results left in ``results``)."""
+        fit_intercept, newton, n = self.params.fit_intercept, self.params.solver == "newton", self.arrays["X"].shape[0]
+        multinomial_fit = "grad_W" in program
+        bound: dict[str, object] = {}
+        if class_weight is not None:
+            bound = {"class_weight": class_weight} if multinomial_fit else \
+                {"class_weight_0": class_weight[0], "class_weight_1": class_weight[1]}
 
-        state = lbfgs.minimize(fun, state, tol=p.tol, max_iter=p.max_iter, on_iteration=save)
-        return state.x, state.iteration
+        def sums(theta: np.ndarray) -> Totals:
+            if multinomial_fit:
+                r = ctx.session.compute(program, multinomial.values(theta, k, d, fit_intercept) | bound)
+                grad, hess = multinomial.gradient(r, fit_intercept), None
+            else:
+                r = ctx.session.compute(program, {"w": theta[:d]} | ({"b": theta[d]} if fit_intercept else {}) | bound)
+                grad, hess = np.concatenate([r["grad_w"], [r["grad_b"]]] if fit_intercept else [r["grad_w"]]), None
+                if newton:
+                    hess = np.empty((len(theta), len(theta)))
+                    hess[:d, :d] = r["hess_ww"]
+                    if fit_intercept:
+                        hess[d, :d] = hess[:d, d] = r["hess_wb"]
+                        hess[d, d] = r["hess_bb"]
+            if results is not None:
+                results.update(r)
+            return float(r["loss"]), grad, hess, float(r["weight_sum"]) if "weight_sum" in r else float(n)
+        return sums
 
-    def _newton(self, evaluate: _Evaluator, d: int, ctx: JobContext) -> tuple[np.ndarray, int]:
+    def _newton(self, evaluate: Evaluator, x0: np.ndarray, saved: Checkpoint | None,
+                ctx: JobContext) -> tuple[np.ndarray, int, float, float]:
         """Newton's method with a backtracking (Armijo) line search; one pass per trial point.
         Its state (iterate, f, g, Hessian, counters) is checkpointed after each iteration when due."""
         p, checkpoints = self.params, ctx.checkpoints
-        saved = checkpoints.restore()
         if saved is not None:
             st = saved.state
             theta, loss, grad, hess = st["theta"], float(st["loss"]), st["grad"], st["hess"]
             iterations = int(st["iteration"])
-            evaluate.resume(theta, loss, grad, hess, int(st["evaluations"]))
+            evaluate.resume(theta, loss, grad, hess, int(st["evaluations"]), float(st.get("weight_sum", np.nan)))
         else:
-            theta = self._initial(d)
+            theta = x0
             loss, grad, hess = evaluate(theta)
             iterations = 0
         while iterations < p.max_iter and np.linalg.norm(grad) > p.tol:
+            assert hess is not None
             try:
                 step = scipy.linalg.solve(hess, grad, assume_a="pos")
             except (np.linalg.LinAlgError, ValueError):
@@ -204,50 +334,42 @@ class LogisticRegression(Job):
             iterations += 1
             ctx.metrics.iteration(iterations, p.max_iter, objective=loss, gradient_norm=float(np.linalg.norm(grad)))
             checkpoints.tick(iterations, {"theta": theta, "loss": loss, "grad": grad, "hess": hess,
-                                          "iteration": iterations, "evaluations": evaluate.evaluations})
-        return theta, iterations
+                                          "iteration": iterations, "evaluations": evaluate.evaluations,
+                                          "weight_sum": evaluate.weight_sum})
+        return theta, iterations, loss, float(np.linalg.norm(grad))
 
 
-class _Evaluator:
-    """theta -> (objective, gradient, Hessian or None): one cluster pass, the last one cached."""
-
-    def __init__(self, ctx: JobContext, program: dict[str, la.BlockArray], n: int, d: int,
-                 params: LogRegParams) -> None:
-        self.ctx, self.program, self.n, self.d, self.params = ctx, program, n, d, params
-        self.last: tuple[np.ndarray, float, np.ndarray, np.ndarray | None] | None = None
-        self.last_grad_norm = np.inf
-        self.evaluations = 0
-
-    def resume(self, theta: np.ndarray, loss: float, grad: np.ndarray, hess: np.ndarray | None,
-               evaluations: int) -> None:
-        """Be as after ``evaluations`` passes, the last at ``theta`` (a checkpoint's state)."""
-        self.last = (np.array(theta), loss, np.array(grad), hess)
-        self.last_grad_norm = float(np.linalg.norm(grad))
-        self.evaluations = evaluations
-
-    def __call__(self, theta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray | None]:
-        if self.last is not None and np.array_equal(self.last[0], theta):
-            return self.last[1], self.last[2].copy(), self.last[3]
-        n, d, p = self.n, self.d, self.params
-        self.evaluations += 1
-        values = {"w": theta[:d]}
+def _binary_program(X: la.BlockArray, y: la.BlockArray, p: LogRegParams,
+                    weights: la.BlockArray | None) -> dict[str, la.BlockArray]:
+    """Σ rᵢ log(1 + exp(−sᵢ zᵢ)) and its gradient (Newton: Hessian) at the values ``w``, ``b``;
+    rᵢ the sample weight times, when balanced, ``class_weight_0`` or ``class_weight_1``."""
+    rows = weights
+    if p.class_weight == "balanced":
+        cw0 = la.value("class_weight_0", ())
+        by_class = cw0 + (la.value("class_weight_1", ()) - cw0) * y
+        rows = by_class if rows is None else rows * by_class
+    w = la.value("w", (X.shape[1],))
+    z = X @ w
+    if p.fit_intercept:
+        z = z + la.value("b", ())
+    sign = 2.0 * y - 1.0
+    margin = sign * z
+    prob = la.sigmoid(-margin)
+    dz = -sign * prob
+    loss = la.logaddexp(0.0, -margin)
+    if rows is not None:
+        loss, dz = rows * loss, rows * dz
+    out = {"loss": la.sum(loss), "grad_w": X.T @ dz}
+    if p.fit_intercept:
+        out["grad_b"] = la.sum(dz)
+    if rows is not None:
+        out["weight_sum"] = la.sum(rows)
+    if p.solver == "newton":
+        weight = prob * (1.0 - prob)
+        if rows is not None:
+            weight = rows * weight
+        out["hess_ww"] = la.einsum("ij,i,ik->jk", X, weight, X)
         if p.fit_intercept:
-            values["b"] = theta[d]
-        r = self.ctx.session.compute(self.program, values)
-        w = theta[:d]
-        loss = float(r["loss"]) / n + 0.5 * p.l2 * float(w @ w)
-        grad = np.concatenate([r["grad_w"], [r["grad_b"]]] if p.fit_intercept else [r["grad_w"]]) / n
-        grad[:d] += p.l2 * w
-        hess = None
-        if p.solver == "newton":
-            k = theta.shape[0]
-            hess = np.empty((k, k))
-            hess[:d, :d] = r["hess_ww"]
-            if p.fit_intercept:
-                hess[d, :d] = hess[:d, d] = r["hess_wb"]
-                hess[d, d] = r["hess_bb"]
-            hess /= n
-            hess[np.arange(d), np.arange(d)] += p.l2
-        self.last = (theta.copy(), loss, grad.copy(), hess)
-        self.last_grad_norm = float(np.linalg.norm(grad))
-        return loss, grad, hess
+            out["hess_wb"] = X.T @ weight
+            out["hess_bb"] = la.sum(weight)
+    return out
