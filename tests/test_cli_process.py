@@ -36,7 +36,7 @@ def test_demo_spec_runs_on_s3_with_its_own_ray(s3_endpoint, s3_bucket, tmp_path,
     run = arrayjob("run", str(REPO / "configs/logreg.toml"), env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert without_progress(run.stderr) == ""  # a quiet local Ray: no start-up noise
-    assert "logreg-demo: logistic regression (lbfgs) on X 20,000 × 8" in run.stdout
+    assert "logreg-demo: logistic regression (binary, lbfgs) on X 20,000 × 8" in run.stdout
     run_prefix = published(f"s3://{s3_bucket}/results/logreg-demo", s3_endpoint)
     assert f"result: {run_prefix}/result.zarr" in run.stdout
     group = read_group(f"{run_prefix}/result.zarr", s3_endpoint)

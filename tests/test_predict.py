@@ -164,7 +164,7 @@ def test_a_model_predict_cannot_score_is_exit_2(tmp_path, capsys):
     write_array(str(tmp_path / "X.zarr"), np.ones((10, 3)), (5, 3))
     _fails(tmp_path, capsys, _spec(tmp_path, model, tmp_path / "X.zarr"),
            f"inputs.model: the tsqr model of run 20250101T000000Z-handmade at {tmp_path / 'model'} cannot be "
-           "scored by predict (it scores models of: kmeans, linreg, logreg)")
+           "scored by predict (it scores models of: gmm, kmeans, linreg, logreg, pca)")
 
 
 def test_a_model_of_a_layout_predict_cannot_score_is_exit_2(tmp_path, capsys):

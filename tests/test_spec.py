@@ -41,7 +41,8 @@ MALFORMED = [
     ("unknown section", GOOD + "\n[paramz]\nl2 = 1\n", [],
      "paramz: unknown section (expected: job, inputs, params, output, cluster, storage, planner, run)"),
     ("unknown param", GOOD.replace("l2 = 1e-4", "l3 = 1e-4"), [],
-     "params.l3: unknown key (expected one of: solver, l2, fit_intercept, max_iter, tol)"),
+     "params.l3: unknown key (expected one of: solver, family, classes, l2, l1, class_weight, fit_intercept, max_iter, "
+     "tol)"),
     ("wrong type", GOOD.replace("l2 = 1e-4", 'l2 = "abc"'), [],
      "params.l2: expected a number, got 'abc'"),
     ("negative l2", GOOD.replace("l2 = 1e-4", "l2 = -1.0"), [],
@@ -60,7 +61,7 @@ MALFORMED = [
     ("missing input", GOOD.replace('y = "data/y.zarr"\n', ""), [],
      "inputs.y: required input of logreg is missing"),
     ("unknown input", GOOD.replace('y = "data/y.zarr"', 'y = "data/y.zarr"\nZ = "z"'), [],
-     "inputs.Z: unknown input for logreg (expected: X, y)"),
+     "inputs.Z: unknown input for logreg (expected: X, y, weights)"),
     ("missing output", GOOD.replace('[output]\nuri = "out"\n', ""), [],
      "output.uri: required key is missing"),
     ("unsupported scheme", GOOD.replace('uri = "out"', 'uri = "gs://b/out"'), [],

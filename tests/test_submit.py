@@ -135,7 +135,7 @@ def test_submit_follows_the_job_and_publishes(cases: dict[str, Any]) -> None:
 
     run = cases["submit"]
     assert run["code"] == 0, run["stderr"]
-    assert "logreg-demo: logistic regression (lbfgs) on X 4,000 × 4" in run["stdout"]  # the job's own summary
+    assert "logreg-demo: logistic regression (binary, lbfgs) on X 4,000 × 4" in run["stdout"]  # the job's own summary
     assert run["published"] == ["out/ok/_SUCCESS"]
     X, y = logreg_data(4000, 4)
     reference = LogisticRegression(C=1 / (1e-4 * len(y)), tol=1e-10, max_iter=1000).fit(X, y)
@@ -148,8 +148,8 @@ def test_submit_follows_the_job_and_publishes(cases: dict[str, Any]) -> None:
 def test_a_bad_spec_submits_nothing(cases: dict[str, Any]) -> None:
     run = cases["bad_spec"]
     assert run["code"] == 2
-    assert _lines(run) == ["arrayjob: error: params.l3: unknown key (expected one of: solver, l2, fit_intercept, "
-                           "max_iter, tol)"]
+    assert _lines(run) == ["arrayjob: error: params.l3: unknown key (expected one of: solver, family, classes, l2, l1, "
+                           "class_weight, fit_intercept, max_iter, tol)"]
     assert run["jobs_after"] == 0
 
 
