@@ -143,14 +143,17 @@ def test_a_refused_chunk_read_names_the_chunk_and_the_status(tmp_path: Path, s3_
 
 @pytest.mark.s3
 def test_a_missing_input_bucket_is_named(tmp_path: Path, s3_endpoint: str) -> None:
+    from arrayjob.io.backend import storage_retries
     from arrayjob.runner import prepare
     from arrayjob.spec import load_spec
 
     spec = write_spec(tmp_path / "spec.toml", inputs={"X": "s3://no-such-bucket-3f9/X.zarr",
                                                       "y": "s3://no-such-bucket-3f9/y.zarr"},
                       output=str(tmp_path / "out"))
+    retries = storage_retries()
     with pytest.raises(InputError, match=r"^inputs\.X: bucket 'no-such-bucket-3f9' does not exist"):
         prepare(load_spec(str(spec), [f"storage.endpoint_url={json.dumps(s3_endpoint)}"]))
+    assert storage_retries() == retries  # a 404 is final: once it was retried to max_attempts (10 s)
 
 
 @pytest.mark.parametrize("setting", ["max_attempts = 0", "max_attempts = 1.5", "retry_timeout = 0",
