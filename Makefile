@@ -7,20 +7,26 @@ DEMO   := $(BUCKET)/demo/logreg
 
 .PHONY: demo test test-quick typecheck test-autoscale test-airflow deploy-examples bench lint clean check-report
 
+# The packages are installed by uv (from PyPI, into .venv, by pip): from a fresh clone, the
+# test extras took uv 9 s against pip's 79 s (2026-11-27, no cache either way).
+INSTALL := $(BIN)/uv pip install --quiet --python $(BIN)/python
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+$(BIN)/uv: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet uv
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/uv
+	$(INSTALL) -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/uv
+	$(INSTALL) -e ".[test]"
 	touch $@ $(VENV)/.installed
 
-$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[bench]"
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/uv
+	$(INSTALL) -e ".[bench]"
 	touch $@ $(VENV)/.installed
 
 $(DEMO)/X.zarr/zarr.json: | $(VENV)/.installed
@@ -30,15 +36,16 @@ demo: $(VENV)/.installed $(DEMO)/X.zarr/zarr.json
 	$(BIN)/arrayjob run configs/logreg.toml
 	@echo "arrayjob is installed in .venv: '. .venv/bin/activate' puts it on PATH (or call .venv/bin/arrayjob)"
 
-# Import contracts first (layers downward only, no cycles, a planner free of execution
-# and storage libraries: [tool.importlinter] in pyproject.toml), then the suite.
-# The fake autoscaling cluster's tests (tests/autoscale) run last, in their own pytest
+# mypy, the import contracts (layers downward only, no cycles, a planner free of execution
+# and storage libraries: [tool.importlinter] in pyproject.toml), the suite on two pytest
+# workers, and the fake autoscaling cluster's tests (tests/autoscale, in their own pytest
 # process inside a private PID, mount and network namespace: starting and stopping that
-# cluster acts on every Ray process it can see. Needs root (or unprivileged user namespaces).
-test: $(VENV)/.installed-test typecheck
-	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest
-	unshare --pid --fork --mount-proc --net sh tests/autoscale/run.sh
+# cluster acts on every Ray process it can see; needs root or unprivileged user namespaces).
+# mypy and tests/autoscale run beside the suite, which leaves CPU idle while Ray starts and
+# nodes come and go; tests/run.sh says how. PYTEST_ARGS go to the suite's pytest.
+PYTEST_ARGS ?=
+test: $(VENV)/.installed-test
+	BIN=$(BIN) sh tests/run.sh $(PYTEST_ARGS)
 
 # mypy over the package ([tool.mypy] in pyproject.toml says what and how).
 typecheck: $(VENV)/.installed-test
