@@ -7,9 +7,11 @@ DEMO   := $(BUCKET)/demo/logreg
 
 .PHONY: demo test test-quick typecheck test-autoscale test-airflow deploy-examples bench lint clean check-report
 
-# The packages are installed by uv (from PyPI, into .venv, by pip): from a fresh clone, the
-# test extras took uv 9 s against pip's 79 s (2026-11-27, no cache either way).
-INSTALL := $(BIN)/uv pip install --quiet --python $(BIN)/python
+# The packages are installed by uv (itself installed from PyPI into .venv by pip), several
+# times faster than pip. Compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is
+# set (this machine class sets it), every process, Ray's workers included, would otherwise
+# compile what it imports again.
+INSTALL := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

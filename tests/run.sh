@@ -24,6 +24,9 @@ autoscale=$!
 trap 'kill $mypy $autoscale 2>/dev/null; exit 130' INT TERM
 
 failed=""
+# the package and the tests compiled once (uv compiled the rest at install): where
+# PYTHONDONTWRITEBYTECODE is set, every arrayjob process and Ray worker compiled them again
+"$BIN/python" -m compileall -q arrayjob tests >/dev/null || failed="$failed compileall"
 "$BIN/lint-imports" --no-cache || failed="$failed lint-imports"
 "$BIN/python" -m pytest -n 2 --dist loadgroup "$@" || failed="$failed pytest"
 
