@@ -39,12 +39,13 @@ demo: $(VENV)/.installed $(DEMO)/X.zarr/zarr.json
 	@echo "arrayjob is installed in .venv: '. .venv/bin/activate' puts it on PATH (or call .venv/bin/arrayjob)"
 
 # mypy, the import contracts (layers downward only, no cycles, a planner free of execution
-# and storage libraries: [tool.importlinter] in pyproject.toml), the suite on two pytest
-# workers, and the fake autoscaling cluster's tests (tests/autoscale, in their own pytest
-# process inside a private PID, mount and network namespace: starting and stopping that
-# cluster acts on every Ray process it can see; needs root or unprivileged user namespaces).
-# mypy and tests/autoscale run beside the suite, which leaves CPU idle while Ray starts and
-# nodes come and go; tests/run.sh says how. PYTEST_ARGS go to the suite's pytest.
+# and storage libraries: [tool.importlinter] in pyproject.toml) and the suite on two pytest
+# workers, the fake autoscaling cluster's tests included (tests/autoscale, run by
+# tests/test_fake_cluster.py in their own pytest process inside a private PID, mount and
+# network namespace: starting and stopping that cluster acts on every Ray process it can see;
+# needs root or unprivileged user namespaces). mypy runs beside the suite, which leaves CPU
+# idle while Ray starts and nodes come and go; tests/run.sh says how. PYTEST_ARGS go to the
+# suite's pytest.
 PYTEST_ARGS ?=
 test: $(VENV)/.installed-test
 	BIN=$(BIN) sh tests/run.sh $(PYTEST_ARGS)
@@ -60,7 +61,7 @@ QUICK_TESTS := $(addprefix tests/test_,$(addsuffix .py,tiling fusion placement l
 	cost_model residency estimate spec spec_paths spec_properties stages catalog logreg plan_cli kept_spill resume \
 	memory_decisions executor_conformance docs))
 test-quick: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m "not (ray or s3 or cli or multinode or jobs)" $(QUICK_TESTS)
+	$(BIN)/python -m pytest -q -m "not (ray or s3 or cli or multinode or jobs or autoscale)" $(QUICK_TESTS)
 
 test-autoscale: $(VENV)/.installed-test
 	unshare --pid --fork --mount-proc --net sh tests/autoscale/run.sh

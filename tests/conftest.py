@@ -130,14 +130,19 @@ _MARKED_BY_FIXTURE = {"ray_session": "ray", "s3_endpoint": "s3"}
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
-    """The worker group of a test under ``pytest -n N --dist loadgroup`` (``make test``): every
-    test on the multi-node cluster harness in one group, so that one worker starts the one
-    harness and its calls follow each other; the tests that share a module's fixture (the
-    submit cases, the node-loss matrix, the signal cases' graph, ...) in one group per module,
-    so that the fixture is made once. Any other test goes wherever a worker is free."""
+    """The worker group of a test under ``pytest -n N --dist loadgroup`` (``make test``).
+
+    "clusters": the tests that start clusters of many processes, one after another on one
+    worker: the multi-node cluster harness (one worker starts the one harness, and its calls
+    follow each other), the Ray head with its job server (``jobs``) and the fake autoscaling
+    cluster (``autoscale``). Beside each other on 2 cores, under other work, they starved: the
+    submit cases' jobs missed their 300 s while the autoscaler's nodes and the harness's started.
+    Then the tests that share a module's fixture (the signal cases' graph, the store monitor's
+    data, ...), one group per module, so that the fixture is made once. Any other test goes
+    wherever a worker is free."""
     names = getattr(item, "fixturenames", ())
-    if "multinode_cluster" in names:
-        return "multinode-cluster"
+    if "multinode_cluster" in names or any(item.get_closest_marker(m) for m in ("jobs", "autoscale")):
+        return "clusters"
     definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     if any(defs and defs[-1].scope in ("module", "class") for name, defs in definitions.items() if name in names):
         return item.nodeid.split("::")[0]
