@@ -156,6 +156,26 @@ def test_a_missing_input_bucket_is_named(tmp_path: Path, s3_endpoint: str) -> No
     assert storage_retries() == retries  # a 404 is final: once it was retried to max_attempts (10 s)
 
 
+@pytest.mark.parametrize(("text", "transient"), [
+    ("Server returned non-2xx status code: 503 Service Unavailable; retry_timeout: 180s", True),
+    ("Server returned non-2xx status code: 429 Too Many Requests", True),
+    ("Server returned non-2xx status code: 400 Bad Request: <Error><Code>RequestTimeout</Code></Error>", True),
+    ("Server returned non-2xx status code: 404 Not Found: <Code>NoSuchBucket</Code>; retry_timeout: 180s", False),
+    ("Server returned non-2xx status code: 403 Forbidden; retry_timeout: 180s", False),
+    ("HTTP error: error sending request for url (http://127.0.0.1:9/b?list-type=2)", True),
+])
+def test_which_s3_failures_are_retried(text: str, transient: bool) -> None:
+    """An answer decides by its status alone (the text of every obstore error names its
+    retry_timeout); a request with no answer is retried, except a create-only PUT."""
+    from obstore.exceptions import GenericError
+
+    from arrayjob.io._s3 import _transient
+
+    assert _transient(GenericError(text)) == transient
+    if "status code" not in text:
+        assert not _transient(GenericError(text), answered_only=True)
+
+
 @pytest.mark.parametrize("setting", ["max_attempts = 0", "max_attempts = 1.5", "retry_timeout = 0",
                                      "retry_timeout = -1"])
 def test_retry_settings_are_checked(tmp_path: Path, setting: str) -> None:

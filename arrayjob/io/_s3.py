@@ -71,9 +71,11 @@ def _transient(exc: BaseException, *, answered_only: bool = False) -> bool:
     text = str(exc)
     status = _STATUS.search(text)
     if status is not None:
-        # the server answered: 5xx and 429 may pass, any other status is final (obstore's text
-        # of a 404 names its retry_timeout too, which the markers below took for no answer)
-        return status.group(1)[0] == "5" or status.group(1) == "429"
+        # the server answered: 5xx, 408, 429 and S3's RequestTimeout (a 400) may pass, any other
+        # status is final (obstore's text of a 404 names its retry_timeout too, which the
+        # markers below took for no answer)
+        code = status.group(1)
+        return code[0] == "5" or code in ("408", "429") or "<Code>RequestTimeout</Code>" in text
     return not answered_only and any(marker in text for marker in _NO_ANSWER)
 
 
