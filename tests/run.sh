@@ -19,7 +19,8 @@ mkdir -p "$logs"
 "$BIN/mypy" >"$logs/mypy.log" 2>&1 &
 mypy=$!
 # a background job ignores SIGINT: Ctrl-C (or make's SIGTERM) ends it here
-trap 'kill $mypy 2>/dev/null; exit 130' INT TERM
+trap 'kill $mypy 2>/dev/null; exit 130' INT
+trap 'kill $mypy 2>/dev/null; exit 143' TERM
 
 failed=""
 # the package and the tests compiled once (uv compiled the rest at install): where
