@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,8 +129,49 @@ def data(workdir: Path) -> Path:
 _MARKED_BY_FIXTURE = {"ray_session": "ray", "s3_endpoint": "s3"}
 
 
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The worker group of a test under ``pytest -n N --dist loadgroup`` (``make test``).
+
+    "clusters": the tests that start clusters of many nodes, one after another on one worker:
+    the multi-node cluster harness (one worker starts the one harness, and its calls follow
+    each other) and then the fake autoscaling cluster (``autoscale``; last, see
+    ``pytest_collection_modifyitems``). All three clusters beside each other on 2 cores, under
+    other work, starved: the submit cases' jobs missed their 300 s while the autoscaler's nodes
+    and the harness's started. The submit cases (``jobs``, a module fixture) run beside the
+    harness. Then the tests that share a module's fixture (the submit cases, the signal cases'
+    graph, the store monitor's data, ...), one group per module, so that the fixture is made
+    once. Any other test goes wherever a worker is free."""
+    names = getattr(item, "fixturenames", ())
+    if "multinode_cluster" in names or item.get_closest_marker("autoscale"):
+        return "clusters"
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(defs and defs[-1].scope in ("module", "class") for name, defs in definitions.items() if name in names):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker stops at once if xdist dropped the groups (it names a group's tests
+    ``nodeid@group``; under pytest 9.2 it silently does not, pytest-xdist#1386): two workers
+    would each start a multi-node cluster and make each module's fixture again."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [item.nodeid for item in session.items
+                if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]
+        if lost:
+            message = (f"--dist loadgroup: xdist ignored the groups of {len(lost)} tests ({lost[0]}, ...); "
+                       "pytest-xdist#1386: use pytest < 9.2")
+            print(message, file=sys.stderr, flush=True)  # a worker's own error reaches no terminal
+            raise pytest.UsageError(message)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # the fake autoscaling cluster's tests last, as make test ran them before: on their worker
+    # after the harness, while the submit cases run beside the harness early on the other
+    items.sort(key=lambda item: item.get_closest_marker("autoscale") is not None)
     for item in items:
         for fixture, marker in _MARKED_BY_FIXTURE.items():
             if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
                 item.add_marker(marker)
+        if item.get_closest_marker("xdist_group") is None and (group := _xdist_group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

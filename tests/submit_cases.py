@@ -160,7 +160,7 @@ def main() -> None:
     out.write_text(json.dumps(cases, indent=2))
 
 
-def wait_for_log(job_id: str, text: str, timeout: float = 90) -> bool:
+def wait_for_log(job_id: str, text: str, timeout: float = 180) -> bool:
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(JOBS)
@@ -176,7 +176,7 @@ def sigterm_while_following(args: list[str], exclude: set[str]) -> dict[str, Any
     """``arrayjob submit`` following a job that waits, then SIGTERM (as Airflow or Kubernetes send)."""
     proc = subprocess.Popen([sys.executable, "-m", "arrayjob", "submit", str(SPEC), *args], env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 180
     job_id = ""
     from ray.job_submission import JobSubmissionClient
 

@@ -143,14 +143,37 @@ def test_a_refused_chunk_read_names_the_chunk_and_the_status(tmp_path: Path, s3_
 
 @pytest.mark.s3
 def test_a_missing_input_bucket_is_named(tmp_path: Path, s3_endpoint: str) -> None:
+    from arrayjob.io.backend import storage_retries
     from arrayjob.runner import prepare
     from arrayjob.spec import load_spec
 
     spec = write_spec(tmp_path / "spec.toml", inputs={"X": "s3://no-such-bucket-3f9/X.zarr",
                                                       "y": "s3://no-such-bucket-3f9/y.zarr"},
                       output=str(tmp_path / "out"))
+    retries = storage_retries()
     with pytest.raises(InputError, match=r"^inputs\.X: bucket 'no-such-bucket-3f9' does not exist"):
         prepare(load_spec(str(spec), [f"storage.endpoint_url={json.dumps(s3_endpoint)}"]))
+    assert storage_retries() == retries  # a 404 is final: once it was retried to max_attempts (10 s)
+
+
+@pytest.mark.parametrize(("text", "transient"), [
+    ("Server returned non-2xx status code: 503 Service Unavailable; retry_timeout: 180s", True),
+    ("Server returned non-2xx status code: 429 Too Many Requests", True),
+    ("Server returned non-2xx status code: 400 Bad Request: <Error><Code>RequestTimeout</Code></Error>", True),
+    ("Server returned non-2xx status code: 404 Not Found: <Code>NoSuchBucket</Code>; retry_timeout: 180s", False),
+    ("Server returned non-2xx status code: 403 Forbidden; retry_timeout: 180s", False),
+    ("HTTP error: error sending request for url (http://127.0.0.1:9/b?list-type=2)", True),
+])
+def test_which_s3_failures_are_retried(text: str, transient: bool) -> None:
+    """An answer decides by its status alone (the text of every obstore error names its
+    retry_timeout); a request with no answer is retried, except a create-only PUT."""
+    from obstore.exceptions import GenericError
+
+    from arrayjob.io._s3 import _transient
+
+    assert _transient(GenericError(text)) == transient
+    if "status code" not in text:
+        assert not _transient(GenericError(text), answered_only=True)
 
 
 @pytest.mark.parametrize("setting", ["max_attempts = 0", "max_attempts = 1.5", "retry_timeout = 0",

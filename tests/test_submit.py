@@ -24,7 +24,7 @@ from tests.helpers import run_in_own_session
 
 REPO = Path(__file__).resolve().parents[1]
 # the cases against the job server run once, in the first such test's setup: a few minutes on a busy machine
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 
 
 # -- without a cluster -----------------------------------------------------------------------
@@ -117,7 +117,7 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script = f"ip link set lo up && exec {sys.executable} {REPO / 'tests' / 'submit_cases.py'} --out {out}"
     cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "bash", "-c", script]
     # unshare and the namespace's first process are one process group: the rest die with it
-    run_in_own_session(cmd, timeout=600, what="the submit cases", cwd=REPO)
+    run_in_own_session(cmd, timeout=840, what="the submit cases", cwd=REPO)
     result = json.loads(out.read_text())
     assert "error" not in result, result["error"]
     return result

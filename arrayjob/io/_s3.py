@@ -58,7 +58,7 @@ _PROBE_RETRY = {"max_retries": 2, "retry_timeout": dt.timedelta(seconds=15),
 
 
 # a failure worth trying again: the server said so (5xx, 429) or the request never got an answer
-_TRANSIENT_STATUS = re.compile(r"status code: (5\d\d|429)\b")
+_STATUS = re.compile(r"status code: (\d\d\d)\b")
 _NO_ANSWER = ("HTTP error", "error sending request", "connection", "timed out", "timeout")
 
 
@@ -69,8 +69,13 @@ def _transient(exc: BaseException, *, answered_only: bool = False) -> bool:
     if not isinstance(exc, GenericError):
         return False  # not found, forbidden, already exists, precondition: retrying changes nothing
     text = str(exc)
-    if _TRANSIENT_STATUS.search(text):
-        return True
+    status = _STATUS.search(text)
+    if status is not None:
+        # the server answered: 5xx, 408, 429 and S3's RequestTimeout (a 400) may pass, any other
+        # status is final (obstore's text of a 404 names its retry_timeout too, which the
+        # markers below took for no answer)
+        code = status.group(1)
+        return code[0] == "5" or code in ("408", "429") or "<Code>RequestTimeout</Code>" in text
     return not answered_only and any(marker in text for marker in _NO_ANSWER)
 
 
