@@ -39,8 +39,8 @@ demo: $(VENV)/.installed $(DEMO)/X.zarr/zarr.json
 	@echo "arrayjob is installed in .venv: '. .venv/bin/activate' puts it on PATH (or call .venv/bin/arrayjob)"
 
 # mypy, the import contracts (layers downward only, no cycles, a planner free of execution
-# and storage libraries: [tool.importlinter] in pyproject.toml) and the suite on two pytest
-# workers, the fake autoscaling cluster's tests included (tests/autoscale, run by
+# and storage libraries: [tool.importlinter] in pyproject.toml), the suite on two pytest
+# workers, then the fake autoscaling cluster's tests alone (tests/autoscale, run by
 # tests/test_fake_cluster.py in their own pytest process inside a private PID, mount and
 # network namespace: starting and stopping that cluster acts on every Ray process it can see;
 # needs root or unprivileged user namespaces). mypy runs beside the suite, which leaves CPU

@@ -6,9 +6,10 @@
 # The suite runs on two pytest workers (pytest-xdist, --dist loadgroup): it waits on Ray
 # starting, nodes joining and dying and jobs' processes more than it computes, and a second
 # worker fills that idle CPU. The tests that start clusters of many processes (the multi-node
-# harness, the Ray job server, the fake autoscaling cluster of tests/autoscale, run in a
-# namespace of its own by tests/test_fake_cluster.py) run one after another on one worker, and
-# the tests that share a module's fixture stay on one worker (tests/conftest.py groups them).
+# harness, the Ray job server) run one after another on one worker, and the tests that share a
+# module's fixture stay on one worker (tests/conftest.py groups them). The fake autoscaling
+# cluster of tests/autoscale (run in a namespace of its own by tests/test_fake_cluster.py)
+# comes after the suite, alone.
 # mypy runs in the background beside it; its output is kept in .arrayjob/test/mypy.log and
 # shown when the suite ends. The exit status is 1 if any of them failed.
 set -u
@@ -27,7 +28,11 @@ failed=""
 # PYTHONDONTWRITEBYTECODE is set, every arrayjob process and Ray worker compiled them again
 "$BIN/python" -m compileall -q arrayjob tests >/dev/null || failed="$failed compileall"
 "$BIN/lint-imports" --no-cache || failed="$failed lint-imports"
-"$BIN/python" -m pytest -n 2 --dist loadgroup "$@" || failed="$failed pytest"
+"$BIN/python" -m pytest -n 2 --dist loadgroup -m "not autoscale" "$@" || failed="$failed pytest"
+# The fake autoscaling cluster's tests last, in a pytest process of their own once the suite's
+# Rays are gone: never beside another Ray (they run in a private namespace too, see
+# tests/test_fake_cluster.py)
+"$BIN/python" -m pytest -p no:xdist -m autoscale tests/test_fake_cluster.py || failed="$failed autoscale"
 
 echo "== mypy ($logs/mypy.log)"
 wait $mypy || failed="$failed mypy"
