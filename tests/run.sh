@@ -32,7 +32,7 @@ failed=""
 # The fake autoscaling cluster's tests last, in a pytest process of their own once the suite's
 # Rays are gone: never beside another Ray (they run in a private namespace too, see
 # tests/test_fake_cluster.py)
-"$BIN/python" -m pytest -p no:xdist -m autoscale tests/test_fake_cluster.py || failed="$failed autoscale"
+"$BIN/python" -m pytest -m autoscale tests/test_fake_cluster.py || failed="$failed autoscale"
 
 echo "== mypy ($logs/mypy.log)"
 wait $mypy || failed="$failed mypy"
