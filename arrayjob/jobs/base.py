@@ -217,12 +217,18 @@ def require_numeric(info: ArrayInfo) -> None:
     require(np.dtype(info.dtype).kind in "biuf", f"inputs.{info.name}: expected a numeric array, got dtype {info.dtype}")
 
 
+def require_matrix(X: ArrayInfo) -> None:
+    """``X`` is a numeric (n, d) matrix with n, d > 0 (rows × features)."""
+    require(X.ndim == 2, f"inputs.{X.name}: expected a 2-D array (rows × features), got shape {X.shape}")
+    require(X.shape[0] > 0 and X.shape[1] > 0,
+            f"inputs.{X.name}: expected at least one row and one column, got shape {X.shape}")
+    require_numeric(X)
+
+
 def require_features_and_targets(arrays: Mapping[str, ArrayInfo]) -> None:
     """X is a numeric (n, d) matrix with n, d > 0 and y a numeric (n,) or (n, 1) vector."""
     X, y = arrays["X"], arrays["y"]
-    require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
-    require(X.shape[0] > 0 and X.shape[1] > 0, f"inputs.X: expected at least one row and one column, got shape {X.shape}")
-    require_numeric(X)
+    require_matrix(X)
     require_numeric(y)
     require(y.shape in ((X.shape[0],), (X.shape[0], 1)),
             f"inputs.y: expected shape ({X.shape[0]},) to match the rows of inputs.X {X.shape}, got {y.shape}")

@@ -61,7 +61,7 @@ from arrayjob.jobs.base import (
     StagePlan,
     Written,
     require,
-    require_numeric,
+    require_matrix,
 )
 from arrayjob.jobs.kmeans import seed_centres
 
@@ -173,8 +173,7 @@ class GaussianMixture(Job):
 
     def check_inputs(self) -> None:
         X = self.arrays["X"]
-        require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
-        require_numeric(X)
+        require_matrix(X)
         require(self.params.k <= X.shape[0], f"params.k: {self.params.k} components but inputs.X has only "
                                              f"{X.shape[0]} rows")
         if self.params.init not in ("k-means++", "random"):

@@ -47,7 +47,7 @@ from arrayjob.jobs.base import (
     StagePlan,
     Written,
     require,
-    require_numeric,
+    require_matrix,
 )
 
 SAMPLE_ROWS = 100_000
@@ -102,8 +102,7 @@ class KMeans(Job):
 
     def check_inputs(self) -> None:
         X = self.arrays["X"]
-        require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
-        require_numeric(X)
+        require_matrix(X)
         require(self.params.k <= X.shape[0], f"params.k: {self.params.k} clusters but inputs.X has only {X.shape[0]} rows")
         if self.params.init not in ("k-means++", "random"):
             location = parse_uri(self.params.init, key="params.init")

@@ -67,7 +67,7 @@ from arrayjob.jobs.base import (
     StagePlan,
     Written,
     require,
-    require_numeric,
+    require_matrix,
 )
 from arrayjob.jobs.tsqr import block_rows_for, qr_block_cost, r_of_block, tsqr_program
 from arrayjob.planner.kernel import Kernel
@@ -158,9 +158,7 @@ class PCA(Job):
 
     def check_inputs(self) -> None:
         X = self.arrays["X"]
-        require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
-        require(X.shape[0] > 0 and X.shape[1] > 0, f"inputs.X: expected at least one row and one column, got shape {X.shape}")
-        require_numeric(X)
+        require_matrix(X)
         n, d = X.shape
         require(self.params.k <= min(n, d),
                 f"params.k: {self.params.k} components but inputs.X {n:,} × {d:,} has at most {min(n, d):,}")
