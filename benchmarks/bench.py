@@ -39,24 +39,11 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get
 sys.path.insert(0, str(HERE))
 
 from bench_data import SIZES, prepare  # noqa: E402
-from bench_harness import Row, finish, machine_line, markdown, versions  # noqa: E402
+from bench_harness import Row, commit, finish, machine_line, markdown, versions  # noqa: E402
 from bench_logreg import TUNING  # noqa: E402
 
 WORKLOADS = ("logreg", "tsqr", "kmeans", "pagerank", "mttkrp", "s3", "e2e")
 
-
-def commit() -> str:
-    """The commit measured, with "+changes" when the work tree differs from it."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if dirty else "")
 
 
 def log(message: str) -> None:

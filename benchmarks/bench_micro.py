@@ -808,6 +808,26 @@ def sparse_loop(_: argparse.Namespace) -> None:
         del X, indices, program
 
 
+def sparse_layout(_: argparse.Namespace) -> None:
+    """One 250,000 × 2^20 row block, 30 non-zeros a row, held as CSR and as CSC
+    (``io.locations.HELD_BY_COLUMNS_ABOVE``): X @ w and Xᵀ @ r with SciPy, and the conversion
+    a worker makes once as it reads the block. Medians of 5 after a warm-up, 1 thread."""
+    import scipy.sparse
+    from threadpoolctl import threadpool_limits
+
+    n, d, per_row = 250_000, 2**20, 30
+    rng = np.random.default_rng(0)
+    X = scipy.sparse.csr_matrix((rng.random(n * per_row), rng.integers(0, d, n * per_row).astype(np.int32),
+                                 np.arange(0, n * per_row + 1, per_row)), shape=(n, d))
+    w, r = rng.random(d), rng.random(n)
+    with threadpool_limits(1):
+        start = time.perf_counter()
+        C = X.tocsc()
+        print(f"tocsc, once: {time.perf_counter() - start:.3f} s")
+        for name, M in (("CSR", X), ("CSC", C)):
+            print(f"{name}: X @ w {_ms(lambda M=M: M @ w)}, Xᵀ @ r {_ms(lambda M=M: M.T @ r)}")
+
+
 def _block_kernel(graph: Any) -> Any:
     """The one block kernel of a captured lazy graph over ``la.value`` leaves (as the planner
     would hand a fused group to a task)."""
@@ -828,7 +848,7 @@ COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-siz
             "pagerank-build": pagerank_build, "pagerank-order": pagerank_order,
             "pagerank-iteration": pagerank_iteration, "store-pages": store_pages, "s3-block": s3_block, "s3-ops": s3_ops, "ray-returns": ray_returns,
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp, "kept-map": kept_map,
-            "sparse-loop": sparse_loop}
+            "sparse-loop": sparse_loop, "sparse-layout": sparse_layout}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -65,7 +65,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_harness import Row, Timing, machine_line, markdown, timed, versions  # noqa: E402
+from bench_harness import Row, Timing, commit, machine_line, markdown, timed, versions  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -379,16 +379,6 @@ def judge(rows: list[Row]) -> None:
                 r.target = what
                 r.target_met = None if not (r.compute_s and sk and read) else bool(test(r.compute_s, sk, read))
 
-
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+changes" if dirty else "")
 
 
 def logreg(work: Path, size: dict[str, Any], table: Table, repeat: int) -> None:

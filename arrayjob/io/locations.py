@@ -121,9 +121,11 @@ class StorageCounters:
 # A CSR matrix wider than this is held column-major (CSC) once a worker has read a row block of
 # it (``io.sparse.read_sparse_block``): its products then gather from and scatter into vectors
 # as long as the block's rows, which stay in cache, instead of as long as its columns, which do
-# not. Measured on a 250,000 × 2^20 block with 30 non-zeros a row (2 busy cores): X @ w 0.10 s
-# against 0.20, Xᵀ @ r 0.16 against 0.30; the conversion (once, at the read) 1.1 s. Narrower
-# blocks stay CSR, the layout of the generated row loop (``kernels.rowloop``).
+# not. Measured quiet on a 250,000 × 2^20 block with 30 non-zeros a row (`bench_micro.py
+# sparse-layout`, 1 thread): X @ w 13.9 ms against 14.6, Xᵀ @ r 14.1 against 17.8, for a
+# conversion of 0.27 s once at the read: a gain only for jobs of many passes (under load 36 the
+# same products had looked twice as fast as CSC). Narrower blocks stay CSR, the layout of the
+# generated row loop (``kernels.rowloop``).
 HELD_BY_COLUMNS_ABOVE = 2**17
 
 
