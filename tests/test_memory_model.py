@@ -26,21 +26,37 @@ from tests.test_stages import without_stores
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 CONFIGS = Path(__file__).parent.parent / "configs"
-# datagen options (small: 8 row blocks or so) and the budget as a share of the inputs' bytes
+# datagen's algorithm and options (small: 8 row blocks or so) and the budget as a share of the
+# inputs' bytes, for every config in configs/ (test_every_shipped_config_is_a_case)
 CASES = {
-    "logreg": (["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], 0.4),
-    "linreg": (["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], 0.4),
-    "kmeans": (["--rows", "8000", "--cols", "6", "--chunk-rows", "1000", "--k", "4"], 0.4),
-    "tsqr": (["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], 0.4),
-    "mttkrp": (["--shape", "400,12,10", "--chunk-rows", "50", "--rank", "3"], 0.4),
-    "cp_als": (["--shape", "400,12,10", "--chunk-rows", "50", "--rank", "3"], 0.4),
-    "pagerank": (["--rows", "20000"], 0.4),
+    "logreg": ("logreg", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], 0.4),
+    "logreg_multinomial": ("logreg", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000", "--classes", "3"], 0.4),
+    "linreg": ("linreg", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], 0.4),
+    "kmeans": ("kmeans", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000", "--k", "4"], 0.4),
+    "tsqr": ("tsqr", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], 0.4),
+    "pca": ("pca", ["--rows", "8000", "--cols", "12", "--chunk-rows", "1000", "--rank", "3"], 0.4),
+    "gmm": ("gmm", ["--rows", "8000", "--cols", "4", "--chunk-rows", "1000", "--k", "3"], 0.4),
+    "als": ("als", ["--rows", "4000", "--cols", "500", "--nnz-per-row", "10", "--chunk-rows", "500", "--rank", "3"], 0.4),
+    # scores with the logreg model the test publishes first, on logreg's data
+    "predict": ("logreg", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], 0.7),
+    "mttkrp": ("mttkrp", ["--shape", "400,12,10", "--chunk-rows", "50", "--rank", "3"], 0.4),
+    "cp_als": ("cp_als", ["--shape", "400,12,10", "--chunk-rows", "50", "--rank", "3"], 0.4),
+    "pagerank": ("pagerank", ["--rows", "20000"], 0.4),
 }
 PARAMS = {"logreg": ["params.max_iter=6"], "kmeans": ["params.max_iter=5", "params.k=4"],
+          "logreg_multinomial": ["params.max_iter=6", "params.classes=3"],
+          "pca": ["params.k=3"], "gmm": ["params.max_iter=4", "params.k=3"],
+          "als": ["params.max_iter=3", "params.rank=3"],
           "cp_als": ["params.max_iter=4", "params.rank=3"],
           # the run learns the node count from the edges; the estimate is told it (else it plans
           # for as many nodes as edges)
           "pagerank": ["params.max_iter=5", "params.n_nodes=20000"]}
+# where datagen writes a config's data: the directory its inputs name
+DATA = {"predict": "logreg"}
+
+
+def test_every_shipped_config_is_a_case():
+    assert sorted(CASES) == sorted(p.stem for p in CONFIGS.glob("*.toml"))
 
 
 def by_pass(log, ran_graphs, declared) -> dict[str, tuple[dict, list]]:
@@ -82,11 +98,15 @@ def test_the_run_applies_the_decisions_the_estimate_priced(algorithm, tmp_path, 
     from arrayjob.runtime.ray_executor import RayExecutor
     from arrayjob.runtime.session import Session
 
-    options, share = CASES[algorithm]
+    generator, options, share = CASES[algorithm]
     bucket = tmp_path / "bucket"
-    code, _, err = run_cli(["datagen", algorithm, str(bucket / "demo" / algorithm), *options], capsys)
+    data = bucket / "demo" / DATA.get(algorithm, algorithm)
+    code, _, err = run_cli(["datagen", generator, str(data), *options], capsys)
     assert code == 0, err
     monkeypatch.setenv("ARRAYJOB_BUCKET", str(bucket))
+    if algorithm == "predict":  # the model it scores with
+        code, _, err = run_cli(["run", str(CONFIGS / "logreg.toml"), "--quiet", "--set", "params.max_iter=3"], capsys)
+        assert code == 0, err
     spec = load_spec(CONFIGS / f"{algorithm}.toml", PARAMS.get(algorithm, []))
     job = prepare(spec)
     inputs = sum(info.nbytes for info in job.arrays.values())
