@@ -161,36 +161,27 @@ def test_sigterm_unwinds_exit_143_and_frees_the_output(tmp_path, edges, started,
 
 
 @pytest.mark.timeout(300)
-def test_sigkill_leaves_no_process_of_the_private_ray(tmp_path, edges, started):
-    # held after the fit's second iteration: every process of its Ray is up by then
-    job = start(endless_spec(tmp_path, edges), started, env={POINTS_ENV: "fit:2", DIR_ENV: str(tmp_path / "pauses")})
+def test_sigkill_leaves_no_process_of_the_private_ray_and_no_spill(tmp_path, started):
+    """Killed outright, a job's private Ray goes with it, every process of it, and so does the
+    spill of the blocks it streamed under a memory budget (its watchdog removes both). One run
+    checks both: held after the fit's second iteration, when every process of its Ray is up and
+    streamed blocks have gone to the spill."""
+    generate("logreg", DatagenRequest(parse_uri(str(tmp_path / "data")), 200000, 16, 20000, 0, StorageOptions()))
+    spec = write_spec(tmp_path / "spec.toml", inputs={"X": str(tmp_path / "data" / "X.zarr"),
+                                                      "y": str(tmp_path / "data" / "y.zarr")},
+                      output=str(tmp_path / "out"), params="tol = 1e-300\nmax_iter = 1000000\n")
+    job = start(spec, started, "--set", "cluster.memory_budget=8MB",
+                env={POINTS_ENV: "fit:2", DIR_ENV: str(tmp_path / "pauses")})
     reached = tmp_path / "pauses" / "fit:2.reached"
     deadline = time.monotonic() + 180
     while not reached.exists():
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-2000:]
         time.sleep(0.05)
+    root = Path(tempfile.gettempdir()) / "arrayjob-spill"
+    spill = [p for p in root.glob(f"{job.pid}-*/*/*") if p.is_file()]
+    assert spill, "the budget should have streamed blocks through the spill"
     started.update(descendants(job.pid))  # the agents and workers too
     assert any(_title(p) == "ray::DashboardAgent" for p in started) or len(started) > 5
-    job.kill()
-    job.communicate(timeout=30)
-    assert_gone(started, within=10)
-
-
-@pytest.mark.timeout(300)
-def test_sigkill_leaves_no_spill_of_streamed_blocks(tmp_path, started):
-    """A run streaming under a memory budget spills blocks to local disk; killed outright, the
-    watchdog of its private Ray removes the spill with its processes."""
-    generate("logreg", DatagenRequest(parse_uri(str(tmp_path / "data")), 200000, 16, 20000, 0, StorageOptions()))
-    spec = write_spec(tmp_path / "spec.toml", inputs={"X": str(tmp_path / "data" / "X.zarr"),
-                                                      "y": str(tmp_path / "data" / "y.zarr")},
-                      output=str(tmp_path / "out"), params="tol = 1e-300\nmax_iter = 1000000\n")
-    job = start(spec, started, "--set", "cluster.memory_budget=8MB")
-    root = Path(tempfile.gettempdir()) / "arrayjob-spill"
-    deadline = time.monotonic() + 180
-    while not (spill := [p for p in root.glob(f"{job.pid}-*/*/*") if p.is_file()]):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-2000:]
-        time.sleep(0.2)
-    started.update(descendants(job.pid))
     job.kill()
     job.communicate(timeout=30)
     assert_gone(started, within=10)
@@ -198,6 +189,7 @@ def test_sigkill_leaves_no_spill_of_streamed_blocks(tmp_path, started):
     while list(root.glob(f"{job.pid}-*")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not list(root.glob(f"{job.pid}-*")), spill
+
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("process", ["gcs_server", "raylet"])
