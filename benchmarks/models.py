@@ -292,7 +292,7 @@ def pca(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> 
     if "error" not in report:
         variance = agreement(report["arrays"]["explained_variance"], ref.explained_variance_)
         cosines = np.abs(np.einsum("ij,ij->i", report["arrays"]["components"], ref.components_))
-        note += f"; explained variance agrees to {variance:.1e}, components to 1 − {1 - cosines.min():.1e} (|cos|)"
+        note += f"; explained variance agrees to {variance:.1e}, components to 1 − {abs(1 - cosines.min()):.1e} (|cos|)"
     case.peer("scikit-learn", load_s, t, note)
 
 
