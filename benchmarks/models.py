@@ -458,7 +458,7 @@ def main() -> int:
                            "commit": commit(), "machine": machine_line(), "versions": versions(),
                            "repeat": args.repeat, "load_average_start": os.getloadavg(), "complete": False}
     log(f"size {args.size}; {machine_line()}; starting one local Ray for every arrayjob run")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_ray(ray)
     rows: list[Row] = []
     state: dict[str, Any] = {}
 
@@ -491,6 +491,21 @@ def main() -> int:
     print(table(doc, rows))
     log(f"{time.perf_counter() - started:.0f} s in all; load average at the end {os.getloadavg()[0]:.2f}")
     return 0
+
+
+def start_ray(ray: Any, tries: int = 3) -> None:
+    """A local Ray for every run of this benchmark. Ray gives its raylet 30 s to register, which a
+    loaded machine can miss (seen at load 40-57 on this one): try again."""
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for the timeout
+            ray.shutdown()
+            if attempt == tries:
+                raise
+            log(f"Ray did not start ({exc}); trying again ({attempt + 1} of {tries})")
 
 
 def table(doc: dict[str, Any], rows: list[Row]) -> str:
