@@ -179,8 +179,9 @@ class Case:
                                   + (f" / {passes}" if passes else "") + f"; {report['tasks']['count']} tasks"))
 
     def peer(self, system: str, load_s: float | None, t: Timing | None, note: str, **extra: Any) -> None:
-        self.rows.append(Row(self.workload, self.size, system, self.unit, load_s, t.median if t else None,
-                             compute_runs=t.runs if t else [], note=note, extra=extra))
+        # plain floats: a NumPy scalar (a time over n_iter_) would reach the JSON as a string
+        self.rows.append(Row(self.workload, self.size, system, self.unit, load_s, float(t.median) if t else None,
+                             compute_runs=[float(r) for r in t.runs] if t else [], note=note, extra=extra))
 
     def spark(self) -> None:
         self.rows.append(Row(self.workload, self.size, "Spark MLlib", self.unit,
