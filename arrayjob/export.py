@@ -14,13 +14,20 @@ centroids), and builds the scikit-learn estimator with the fitted attributes set
   penalty, ``ElasticNet(alpha = l1 + l2, l1_ratio = l1/(l1 + l2))``.
 - ``kmeans``: ``KMeans`` (``cluster_centers_``, ``inertia_``, ``n_iter_``; the per-row
   ``labels_`` stay in result.zarr).
+- ``pca``: ``PCA`` (``components_``, ``mean_`` — zeros for ``center = false``, whose scores
+  are then the truncated SVD's —, ``singular_values_``, ``explained_variance_`` and its ratio,
+  ``noise_variance_`` from the model's ``total_variance``), so ``transform`` gives predict's
+  ``scores``.
+- ``gmm``: ``GaussianMixture`` (``weights_``, ``means_``, ``covariances_`` and the precisions
+  scikit-learn derives from them, ``lower_bound_``, ``n_iter_``, ``converged_``), so
+  ``predict`` gives predict's ``label`` and ``predict_proba`` the posteriors.
 
 The estimator is saved with skops (``skops.io.dumps``), which loads without unpickling code:
 ``skops.io.load(path)`` (its types are scikit-learn's and NumPy's, trusted by default;
 ``skops.io.get_untrusted_types`` lists any other). ``--format onnx`` converts the
 same estimator with skl2onnx (input ``X``: float64, n × d; outputs ``label`` and
-``probabilities`` for a classifier, ``variable`` for a regressor, ``label`` and ``scores`` for
-k-means), which needs the ``onnx`` extra (``pip install 'arrayjob[onnx]'``). The file is
+``probabilities`` for a classifier and for a mixture, ``variable`` for a regressor and for PCA's
+scores, ``label`` and ``scores`` for k-means), which needs the ``onnx`` extra (``pip install 'arrayjob[onnx]'``). The file is
 written whole or not at all (a temporary file renamed into place).
 """
 
@@ -116,21 +123,80 @@ def _kmeans(model: PublishedModel, arrays: Mapping[str, np.ndarray], features: i
     return estimator
 
 
-# algorithm -> the scikit-learn estimator of its published models
-ESTIMATORS: dict[str, Callable[[PublishedModel, Mapping[str, np.ndarray], int], Any]] = {
-    "logreg": _logistic,
-    "linreg": _linear,
-    "kmeans": _kmeans,
+def _pca(model: PublishedModel, arrays: Mapping[str, np.ndarray], features: int) -> Any:
+    from sklearn.decomposition import PCA
+
+    components = arrays["components"].astype(np.float64)
+    k = components.shape[0]
+    exact = model.attrs.get("method", "exact") == "exact"
+    estimator = PCA(n_components=k, svd_solver="full" if exact else "randomized",
+                    iterated_power=int(_param(model, "n_iter", 4)), n_oversamples=int(_param(model, "n_oversamples", 10)),
+                    random_state=int(_param(model, "seed", 0)))
+    estimator.components_ = components
+    estimator.mean_ = arrays["mean"].astype(np.float64)
+    estimator.n_components_ = k
+    estimator.n_features_in_ = features
+    estimator.singular_values_ = arrays["singular_values"].astype(np.float64)
+    variance = arrays["explained_variance"].astype(np.float64)
+    estimator.explained_variance_ = variance
+    estimator.explained_variance_ratio_ = arrays["explained_variance_ratio"].astype(np.float64)
+    n = _samples(model)
+    estimator.n_samples_ = n or 0
+    # scikit-learn's: the mean of the variances of the components left out (0 when none is)
+    rest = min(n or features, features) - k
+    total = float(model.attrs.get("total_variance", variance.sum()))
+    estimator.noise_variance_ = max(total - float(variance.sum()), 0.0) / rest if rest > 0 else 0.0
+    return estimator
+
+
+def _gmm(model: PublishedModel, arrays: Mapping[str, np.ndarray], features: int) -> Any:
+    from scipy.linalg import cholesky, solve_triangular
+    from sklearn.mixture import GaussianMixture
+
+    weights, means = arrays["weights"].astype(np.float64), arrays["means"].astype(np.float64)
+    covariances = arrays["covariances"].astype(np.float64)
+    full = covariances.ndim == 3
+    init = _param(model, "init", "k-means++")
+    estimator = GaussianMixture(n_components=means.shape[0], covariance_type="full" if full else "diag",
+                                reg_covar=float(_param(model, "reg_covar", 1e-6)), tol=float(_param(model, "tol", 1e-3)),
+                                max_iter=int(_param(model, "max_iter", 100)), random_state=int(_param(model, "seed", 0)),
+                                init_params=init if init in ("k-means++", "random") else "kmeans")
+    if full:  # scikit-learn's _compute_precision_cholesky: Lᵀ⁻¹ of each covariance's Cholesky L
+        chol = np.stack([solve_triangular(cholesky(c, lower=True), np.eye(features), lower=True).T
+                         for c in covariances])
+        precisions = chol @ chol.transpose(0, 2, 1)
+    else:
+        chol = 1.0 / np.sqrt(covariances)
+        precisions = chol**2
+    estimator.weights_, estimator.means_, estimator.covariances_ = weights, means, covariances
+    estimator.precisions_cholesky_, estimator.precisions_ = chol, precisions
+    estimator.n_features_in_ = features
+    estimator.lower_bound_ = float(model.attrs.get("lower_bound", -np.inf))
+    estimator.lower_bounds_ = [estimator.lower_bound_]
+    estimator.n_iter_ = int(model.attrs.get("iterations", 0))
+    estimator.converged_ = bool(model.attrs.get("converged", False))
+    return estimator
+
+
+# algorithm -> the scikit-learn estimator of its published models, and the fitted arrays it
+# reads beside those predict scores with
+ESTIMATORS: dict[str, tuple[Callable[[PublishedModel, Mapping[str, np.ndarray], int], Any], tuple[str, ...]]] = {
+    "logreg": (_logistic, ()),
+    "linreg": (_linear, ()),
+    "kmeans": (_kmeans, ()),
+    "pca": (_pca, ("singular_values", "explained_variance", "explained_variance_ratio")),
+    "gmm": (_gmm, ()),
 }
 
 
 def estimator_of(model: PublishedModel) -> Any:
     """The scikit-learn estimator of ``model``, its fitted attributes read from the model."""
-    build = ESTIMATORS.get(model.algorithm)
-    if build is None:
+    if model.algorithm not in ESTIMATORS:
         raise InputError(f"{model.key}: {model.describe()} cannot be exported (export writes models of: "
                          f"{', '.join(sorted(ESTIMATORS))})")
+    build, more = ESTIMATORS[model.algorithm]
     _, infos, features = model_arrays(model)  # the layout predict scores, checked from metadata
+    infos |= {name: model.array(name) for name in more}
     arrays = {name: read_whole(info, model.options) for name, info in infos.items()}
     return build(model, arrays, features)
 
@@ -138,8 +204,10 @@ def estimator_of(model: PublishedModel) -> Any:
 def _onnx(estimator: Any) -> bytes:
     from skl2onnx import convert_sklearn
     from skl2onnx.common.data_types import DoubleTensorType
+    from sklearn.base import is_classifier
 
-    options = {id(estimator): {"zipmap": False}} if hasattr(estimator, "predict_proba") else None
+    # a classifier's probabilities as one (n, K) tensor, not ONNX-ML's list of maps
+    options = {id(estimator): {"zipmap": False}} if is_classifier(estimator) else None
     onx = convert_sklearn(estimator, initial_types=[("X", DoubleTensorType([None, estimator.n_features_in_]))],
                           options=options)
     return onx.SerializeToString()

@@ -196,3 +196,19 @@ def test_moving_data_is_bounded_by_the_busiest_receiver():
     assert network_seconds(30 * gb, 30 * gb, 16, 1e9) == pytest.approx(30.0)  # 15 senders, one receiver
     assert network_seconds(30 * gb, 30 * gb / 16, 16, 1e9) == pytest.approx(30 / 16)  # an even shuffle
     assert network_seconds(0, 0, 1, 1e9) == 0.0
+
+
+def test_a_driver_array_is_priced_at_the_bytes_its_fitted_values_take(tmp_path):
+    """Fitted values (ALS's factors, coefficients) hardly compress: the estimate's stand-in must
+    not either (ones did: 200,000 × 8 factors were priced at a few hundred bytes)."""
+    from arrayjob.io.arrays import write_group, write_requests
+    from arrayjob.io.locations import StorageCounters
+
+    factors = np.random.default_rng(1).standard_normal((20_000, 8))
+    written = StorageCounters()
+    write_group(parse_uri(str(tmp_path)).join("result.zarr"), StorageOptions(), {"user_factors": factors},
+                {"fit": 0.0}, written)
+    predicted = write_requests({"user_factors": (factors.shape, "float64")}, {})
+    # zstd takes a few per cent off normal floats (their exponent bytes), none off the stand-in
+    assert written.bytes_written <= predicted.bytes_written <= 1.05 * written.bytes_written
+    assert factors.nbytes <= predicted.bytes_written

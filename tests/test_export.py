@@ -27,9 +27,13 @@ TRAIN = {  # algorithm -> datagen options, the spec's params
     "logreg": (["--rows", "2000", "--cols", "4", "--chunk-rows", "500"], 'l2 = 1e-3\n'),
     "linreg": (["--rows", "2000", "--cols", "4", "--chunk-rows", "500"], 'l2 = 1e-2\n'),
     "kmeans": (["--rows", "2000", "--cols", "4", "--chunk-rows", "500", "--k", "3"], 'k = 3\n'),
+    "pca": (["--rows", "2000", "--cols", "6", "--chunk-rows", "500", "--rank", "3"], 'k = 3\nscores = true\n'),
+    "gmm": (["--rows", "2000", "--cols", "3", "--chunk-rows", "500", "--k", "3"], 'k = 3\n'),
 }
 # what predict writes for each algorithm, and how scikit-learn says it
-OUTPUTS = {"logreg": {"label", "probability"}, "linreg": {"prediction"}, "kmeans": {"label"}}
+OUTPUTS = {"logreg": {"label", "probability"}, "linreg": {"prediction"}, "kmeans": {"label"}, "pca": {"scores"},
+           "gmm": {"label"}}
+FEATURES_ONLY = ("kmeans", "pca", "gmm")  # fitted on X alone
 
 
 def load_skops(path):
@@ -54,6 +58,11 @@ def onnx_outputs(path, X):
 
 def assert_scores_as_predict(estimator, onnx, X, dense, written):
     """The exported estimator's (and the ONNX model's) predictions equal predict's output."""
+    if "scores" in written:
+        np.testing.assert_allclose(estimator.transform(X), written["scores"], rtol=1e-10, atol=1e-10)
+        if onnx is not None:
+            np.testing.assert_allclose(onnx["variable"], written["scores"], rtol=1e-10, atol=1e-10)
+        return
     if "prediction" in written:
         np.testing.assert_allclose(estimator.predict(X), written["prediction"], rtol=1e-12, atol=1e-12)
         if onnx is not None:
@@ -61,7 +70,7 @@ def assert_scores_as_predict(estimator, onnx, X, dense, written):
         return
     np.testing.assert_array_equal(estimator.predict(X), written["label"])
     if onnx is not None:
-        np.testing.assert_array_equal(onnx["label"], written["label"])
+        np.testing.assert_array_equal(onnx["label"].ravel(), written["label"])  # a mixture's: (n, 1)
     if "probability" in written:
         p = written["probability"]
         proba = estimator.predict_proba(X)
@@ -90,7 +99,7 @@ def test_train_publish_score_export(algorithm, workdir, capsys):
     assert run_cli(["datagen", algorithm, "data/train", *args], capsys)[0] == 0
     new = ["--seed", "7", *args] + (["--nnz-per-row", "2"] if algorithm == "logreg" else [])
     assert run_cli(["datagen", algorithm, "data/new", *new], capsys)[0] == 0
-    inputs = {"X": "data/train/X.zarr"} | ({} if algorithm == "kmeans" else {"y": "data/train/y.zarr"})
+    inputs = {"X": "data/train/X.zarr"} | ({} if algorithm in FEATURES_ONLY else {"y": "data/train/y.zarr"})
     train = write_spec(workdir / "train.toml", algorithm=algorithm, inputs=inputs, output="out/model", params=params)
     code, _, err = run_cli(["run", str(train), "-q"], capsys)
     assert code == 0, err
@@ -148,7 +157,7 @@ def test_export_errors_are_one_line(tmp_path, capsys, monkeypatch):
     code, out, err = run_cli(["export", model, "-o", str(tmp_path / "m.skops")], capsys)
     assert (code, out) == (2, "")
     assert err == (f"arrayjob: error: MODEL_URI: the tsqr model of run 20250101T000000Z-handmade at {model} "
-                   "cannot be exported (export writes models of: kmeans, linreg, logreg)\n")
+                   "cannot be exported (export writes models of: gmm, kmeans, linreg, logreg, pca)\n")
     # without the onnx extra: refused before anything is read
     import builtins
 

@@ -245,7 +245,7 @@ def write_requests(driver_arrays: Mapping[str, tuple[tuple[int, ...], str]],
                    worker_arrays: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], str]]) -> StorageCounters:
     """The requests a run's output writes make, without the run: ``ResultGroup.create_array``
     for the arrays the workers fill (plus one PUT per chunk they write) and ``write_group``
-    for the driver's small arrays (arrays of ones: zarr skips chunks of zeros), replayed in
+    for the driver's small arrays (``_stand_in``: values that compress as fitted ones do), replayed in
     a temporary local directory, so zarr's own metadata requests are counted as a run counts
     them. Worker processes' metadata GETs are not counted, as in a run (see docs/report.md)."""
     import tempfile
@@ -265,10 +265,20 @@ def write_requests(driver_arrays: Mapping[str, tuple[tuple[int, ...], str]],
         big = {name: (shape, dtype) for name, (shape, dtype) in driver_arrays.items()
                if math.prod(shape) * np.dtype(dtype).itemsize > STAND_IN_BYTES}
         write_group(group.location, StorageOptions(),
-                    {name: np.ones(tuple(1 for _ in shape) if name in big else shape, dtype)
+                    {name: _stand_in(tuple(1 for _ in shape) if name in big else shape, dtype)
                      for name, (shape, dtype) in driver_arrays.items()}, {"fit": 0.0}, counters)
         counters.bytes_written += sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in big.values())
     return counters
+
+
+def _stand_in(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """An array of ``shape`` written as a fitted one would be: random bytes, which zstd leaves
+    their size, as it leaves fitted floats (ALS's user factors, 200,000 × 8, were priced at the
+    few bytes ones compress to: 2.8 kB estimated against 13.5 MB written). Never all zeros,
+    whose chunks zarr skips."""
+    count = math.prod(shape)
+    data = np.random.default_rng(0).bytes(count * np.dtype(dtype).itemsize)
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy() if count else np.zeros(shape, dtype)
 
 
 # Driver arrays above this are priced by their size instead of written by ``write_requests``.
