@@ -114,7 +114,8 @@ def householder_r(a: np.ndarray, sub_rows: int = SUB_ROWS) -> np.ndarray:
     ``sub_rows`` rows, their R factors stacked and factored once more: a TSQR inside the task,
     Q never formed. Backward stable for any block, rank-deficient ones included."""
     a = np.asarray(a, dtype=np.float64)
-    return householder_r_of_rows(lambda lo, hi: a[lo:hi], *a.shape, sub_rows=sub_rows)
+    rows, cols = a.shape
+    return householder_r_of_rows(lambda lo, hi: a[lo:hi], rows, cols, sub_rows)
 
 
 def householder_r_of_rows(rows_of: Rows, rows: int, cols: int, sub_rows: int = SUB_ROWS) -> np.ndarray:
