@@ -63,6 +63,7 @@ from arrayjob.jobs.base import (
 )
 from arrayjob.jobs.tsqr import (
     R_OF_STACK,
+    Order,
     block_rows_for,
     r_of_block_cost,
     r_of_rows,
@@ -322,8 +323,8 @@ def _augmented_r(X: np.ndarray, y: np.ndarray, ones: bool, w: np.ndarray | None 
 
     d = X.shape[1]
 
-    def rows_of(lo: int, hi: int) -> np.ndarray:  # in Fortran order, as r_of_rows solves it
-        block = np.empty((hi - lo, d + 1 + ones), order="F")
+    def rows_of(lo: int, hi: int, order: Order) -> np.ndarray:
+        block = np.empty((hi - lo, d + 1 + ones), order=order)
         block[:, :d] = X[lo:hi]
         if ones:
             block[:, d] = 1.0

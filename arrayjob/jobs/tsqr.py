@@ -106,7 +106,9 @@ def times_block_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
     return {"contraction_flops": 2.0 * rows * d * k}
 
 
-Rows = Callable[[int, int], np.ndarray]  # rows lo:hi of a block, as a new float64 array
+# rows lo:hi of a block as float64, in the memory order asked for ("C" or "F"); in "F" a new array
+Order = Literal["C", "F"]
+Rows = Callable[[int, int, Order], np.ndarray]
 
 
 def householder_r(a: np.ndarray, sub_rows: int = SUB_ROWS) -> np.ndarray:
@@ -115,13 +117,13 @@ def householder_r(a: np.ndarray, sub_rows: int = SUB_ROWS) -> np.ndarray:
     Q never formed. Backward stable for any block, rank-deficient ones included."""
     a = np.asarray(a, dtype=np.float64)
     rows, cols = a.shape
-    return householder_r_of_rows(lambda lo, hi: a[lo:hi], rows, cols, sub_rows)
+    return householder_r_of_rows(_rows_of(a), rows, cols, sub_rows)
 
 
 def householder_r_of_rows(rows_of: Rows, rows: int, cols: int, sub_rows: int = SUB_ROWS) -> np.ndarray:
     if rows <= 2 * sub_rows:
-        return _r(rows_of(0, rows))
-    return _r(np.concatenate([_r(rows_of(s, min(s + sub_rows, rows))) for s in range(0, rows, sub_rows)]))
+        return _r(rows_of(0, rows, "C"))
+    return _r(np.concatenate([_r(rows_of(s, min(s + sub_rows, rows), "C")) for s in range(0, rows, sub_rows)]))
 
 
 def _r(a: np.ndarray) -> np.ndarray:
@@ -134,13 +136,19 @@ def _r(a: np.ndarray) -> np.ndarray:
 def r_of_block(a: np.ndarray) -> np.ndarray:
     """R of one tall block, Q never formed (``r_of_rows``)."""
     a = np.asarray(a, dtype=np.float64)
-    return r_of_rows(lambda lo, hi: np.array(a[lo:hi], order="F"), *a.shape)
+    rows, cols = a.shape
+    return r_of_rows(_rows_of(a), rows, cols)
+
+
+def _rows_of(a: np.ndarray) -> Rows:
+    def rows_of(lo: int, hi: int, order: Order) -> np.ndarray:
+        return np.array(a[lo:hi], order=order)
+    return rows_of
 
 
 def r_of_rows(rows_of: Rows, rows: int, cols: int) -> np.ndarray:
-    """R of an m × d block given by its rows (``rows_of(lo, hi)``: a new array, best in Fortran
-    order, which is overwritten; so a job's block such as [X 1 y] is assembled a piece at a
-    time, in cache), Q never formed: randomized Cholesky
+    """R of an m × d block given by its rows (``rows_of(lo, hi, order)``; a job's block such as
+    [X 1 y] is assembled a piece at a time, in cache), Q never formed: randomized Cholesky
     QR (Fan, Guo & Lin 2021; Balabanov, "Randomized Cholesky QR factorizations", 2022).
 
     A sketch S A (``SKETCH_ROWS_PER_COLUMN``·d rows, each the sum of the rows of one residue
@@ -161,7 +169,7 @@ def r_of_rows(rows_of: Rows, rows: int, cols: int) -> np.ndarray:
     gram = np.zeros((d, d))
     for lo in range(0, rows, PIECE_ROWS):
         # Q₁'s piece in place of the piece (a new array, Fortran order: trsm from the right, no copy)
-        q = dtrsm(1.0, rs, np.asfortranarray(rows_of(lo, min(lo + PIECE_ROWS, rows))), side=1, lower=0, overwrite_b=1)
+        q = dtrsm(1.0, rs, rows_of(lo, min(lo + PIECE_ROWS, rows), "F"), side=1, lower=0, overwrite_b=1)
         gram += q.T @ q
     r2 = cholesky_upper(gram, SKETCH_COND_LIMIT)
     if r2 is None:
@@ -178,7 +186,7 @@ def _sketch(rows_of: Rows, rows: int, d: int) -> np.ndarray:
     sketch = np.zeros((m, d))
     step = m * max(1, PIECE_ROWS // m)
     for lo in range(0, rows, step):
-        piece = rows_of(lo, min(lo + step, rows))
+        piece = rows_of(lo, min(lo + step, rows), "C")
         for run, at in enumerate(range(0, piece.shape[0], m), start=lo // m):
             part = piece[at: at + m]
             sketch[: part.shape[0]] += signs[run] * part
