@@ -61,7 +61,7 @@ SUB_ROWS = 2048
 COND_LIMIT = 1e6  # CholeskyQR2 only below this cond(R₁) = cond(A) (its limit is about 7·10⁷)
 R1 = "tsqr-R1"  # the name the first factor is bound to in the second pass
 PIECE_ROWS = 8192  # rows of a block assembled, solved and summed at a time (1–4 MiB: in cache)
-SKETCH_ROWS_PER_COLUMN = 8  # a CountSketch of 8d rows: cond(A R_s⁻¹) about 2 on the bench's X
+SKETCH_ROWS_PER_COLUMN = 8  # a CountSketch of 8d rows: cond(A R_s⁻¹) about 2 on the bench's X and y
 SKETCH_COND_LIMIT = 10.0  # one Cholesky of Q₁ᵀQ₁ leaves Q orthogonal to u·cond(Q₁)² <= 100u
 SKETCH_SEED = 20240528
 
@@ -106,7 +106,7 @@ def times_block_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
     return {"contraction_flops": 2.0 * rows * d * k}
 
 
-# rows lo:hi of a block as float64, in the memory order asked for ("C" or "F"); in "F" a new array
+# rows lo:hi of a block as a new float64 array (it is overwritten), in the memory order asked for
 Order = Literal["C", "F"]
 Rows = Callable[[int, int, Order], np.ndarray]
 
@@ -178,18 +178,22 @@ def r_of_rows(rows_of: Rows, rows: int, cols: int) -> np.ndarray:
 
 
 def _sketch(rows_of: Rows, rows: int, d: int) -> np.ndarray:
-    """S A for the CountSketch S that adds row i of A, times a random sign, into row i mod m
-    (m = ``SKETCH_ROWS_PER_COLUMN``·d): one sign per run of m rows, drawn from a fixed seed
-    (the same block gives the same R, bit for bit)."""
+    """S A for the CountSketch S that adds row i of A, times its own random sign, into row
+    i mod m (m = ``SKETCH_ROWS_PER_COLUMN``·d); the signs drawn from a fixed seed, so the same
+    block gives the same R, bit for bit. (One sign per run of m rows would not do: a column
+    of ones would be sketched by one sum of signs, its norm off by that sum's luck.)"""
     m = SKETCH_ROWS_PER_COLUMN * d
-    signs = np.where(np.random.default_rng(SKETCH_SEED).random(-(-rows // m)) < 0.5, -1.0, 1.0)
+    signs = np.where(np.random.default_rng(SKETCH_SEED).random(rows) < 0.5, -1.0, 1.0)
     sketch = np.zeros((m, d))
     step = m * max(1, PIECE_ROWS // m)
     for lo in range(0, rows, step):
         piece = rows_of(lo, min(lo + step, rows), "C")
-        for run, at in enumerate(range(0, piece.shape[0], m), start=lo // m):
-            part = piece[at: at + m]
-            sketch[: part.shape[0]] += signs[run] * part
+        piece *= signs[lo: lo + piece.shape[0], None]
+        runs = piece.shape[0] // m
+        sketch += piece[: runs * m].reshape(runs, m, d).sum(axis=0)
+        rest = piece.shape[0] - runs * m
+        if rest:
+            sketch[:rest] += piece[runs * m:]
     return sketch
 
 
