@@ -17,7 +17,7 @@ lives in Fortran work arrays, cannot offer.
 
 Stops when the gradient's 2-norm is at most ``tol``, after ``max_iter`` iterations, or when
 no step can lower f by more than rounding (``state.flat``: "no further decrease possible at
-machine precision"): the direction's predicted decrease −∇f·d is below f's rounding level
+machine precision"): the quasi-Newton step's predicted decrease −½∇f·d is below f's rounding level
 (``rounding``), checked before any evaluation, or the line search brackets a step of that
 size without a decrease. So a ``tol`` below what the data can reach costs no backtracking at
 the end. Cost per iteration: one evaluation of f and ∇f most of the time (a few more when
@@ -88,12 +88,12 @@ def direction(g: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
 SUFFICIENT_DECREASE = 1e-4  # c₁ (Armijo)
 CURVATURE = 0.9  # c₂ (weak Wolfe): loose, as quasi-Newton methods want (N&W 3.1)
 MAX_TRIALS = 30  # evaluations one line search may make
-ROUNDING_ULPS = 1.0  # a change of f below one unit in the last place of |f| cannot be seen
+ROUNDING_ULPS = 0.5  # a change of f below half a unit in the last place of |f| rounds away
 
 
 def rounding(f: float) -> float:
-    """How much f can move by rounding alone: ``ROUNDING_ULPS`` units in the last place of |f|
-    (a mean of many terms, each rounded)."""
+    """The least change of f that rounding does not swallow: ``ROUNDING_ULPS`` units in the
+    last place of |f|."""
     return ROUNDING_ULPS * np.finfo(float).eps * max(abs(f), np.finfo(float).tiny)
 
 

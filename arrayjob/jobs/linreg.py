@@ -9,11 +9,13 @@ With sample weights (the optional input ``weights``, (n,), ≥ 0) the loss is th
 ``sample_weight``; each method below scales X's rows by √wᵢ (TSQR) or weights its sums, and n
 becomes Σwᵢ.
 
-``method = "tsqr"`` (default): the R factor of [X 1 y] by TSQR (see ``jobs.tsqr``); the
-ridge rows √(n·l2)·I are appended to R on the driver and factored again, and
-R₁₁ θ = r₁₂ gives the coefficients; the residual is R's last diagonal entry. Backward
-stable: no squared condition number. Cost: one pass over X, about 2n(d+2)² flops, moves
-B(d+2)² floats.
+``method = "tsqr"`` (default): the R factor of [X 1 y] by an R-only TSQR, Q never formed:
+each block's R by a sketch-preconditioned Cholesky QR (``tsqr.r_of_rows``; Householder when
+its check fails), the blocks' stacked R factors by Householder; the ridge rows √(n·l2)·I are
+appended to R on the driver and factored again, and R₁₁ θ = r₁₂ gives the coefficients; the
+residual is R's last diagonal entry. Backward stable: no squared condition number. Cost: one
+pass over X (each block read twice in memory), about 2n(d+2)² flops (n(d+2)² of trsm, as many
+of Gram), moves B(d+2)² floats.
 
 ``method = "normal"``: one pass computes XᵀX, Xᵀy and the column sums in one kernel per
 row block; the driver centres them and solves the d × d system (Cholesky, or least
