@@ -11,7 +11,8 @@ one read of X's bytes (memory bandwidth), GEMM FLOP rate, and raw parallel GETs 
 from the loopback S3 server this harness starts (moto). The end-to-end demo job runs first,
 as its own process, before this process starts Ray.
 
-Workloads: logreg (one loss-and-gradient evaluation, and L-BFGS iterations), tsqr, kmeans,
+Workloads: logreg (one loss-and-gradient evaluation, and L-BFGS iterations), tsqr, linreg
+(its default method, tsqr, against its normal equations), kmeans,
 pagerank, mttkrp, s3 (loading a Zarr array from S3), e2e (the demo job). Sizes: ``full``
 (the issue's: X 4,000,000 × 64 float64, PageRank 1M nodes / 10M edges, MTTKRP 400³, 1 GiB
 from S3) and ``quick`` (a few minutes, for development). Data are generated once into
@@ -42,7 +43,7 @@ from bench_data import SIZES, prepare  # noqa: E402
 from bench_harness import Row, commit, finish, machine_line, markdown, versions  # noqa: E402
 from bench_logreg import TUNING  # noqa: E402
 
-WORKLOADS = ("logreg", "tsqr", "kmeans", "pagerank", "mttkrp", "s3", "e2e")
+WORKLOADS = ("logreg", "tsqr", "linreg", "kmeans", "pagerank", "mttkrp", "s3", "e2e")
 
 
 

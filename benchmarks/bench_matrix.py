@@ -1,6 +1,7 @@
 """Factorisations on X (n × d float64, the logistic-regression demo data): TSQR (Q and R)
 and 10 Lloyd iterations of KMeans, k = 8 — arrayjob and its peers (numpy.linalg.qr,
-dask.array.linalg.tsqr; scikit-learn, dask-ml) on the same Zarr arrays.
+dask.array.linalg.tsqr; scikit-learn, dask-ml) on the same Zarr arrays; and the linreg job's
+default method (``tsqr``: the R of [X 1 y], Q never formed) against its normal equations.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from bench_harness import Row, dask_threads, repeat_timed, timed
 from bench_logreg import MiB, dask_arrays, plan_note
 
 import arrayjob.lazy as la
+from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.kmeans import kmeans_program
+from arrayjob.jobs.linreg import LinearRegression, LinRegParams
 from arrayjob.jobs.tsqr import R1, TSQR, TSQRParams, cholesky_upper, sum_grams
+from arrayjob.runtime.metrics import RunMetrics
 
 
 def _tsqr_arrayjob(ctx: Context, size: str, what: str, limit: float) -> tuple[Row, np.ndarray]:
@@ -135,4 +139,33 @@ def kmeans(ctx: Context) -> list[Row]:
     return rows
 
 
-WORKLOADS = {"tsqr": tsqr, "kmeans": kmeans}
+def linreg(ctx: Context) -> list[Row]:
+    """The linreg job's fit stage (one pass over X and y in memory, and the driver's solve),
+    its default method on a dense X (tsqr) against method normal, on X and the 0/1 labels y
+    of the logistic-regression data as the target; the coefficients compared."""
+    s = ctx.size
+    size = f"X {s.rows:,} × {s.cols}"
+    limit = ctx.limits.bound(8 * s.rows * s.cols, 2 * s.rows * s.cols * s.cols)  # read X, its Gram at the GEMM rate
+    rows, coefs = [], {}
+    for method in ("normal", "tsqr"):
+        job = LinearRegression(LinRegParams(method=method), {"X": ctx.info("logreg", "X"), "y": ctx.info("logreg", "y")})
+        program = job.stages(ctx.workers)[method]
+        load, session = ctx.loaded_session(program)
+
+        def fit(job: LinearRegression = job, session: Any = session, method: str = method) -> float:
+            metrics = RunMetrics()
+            coefs[method] = job.run(JobContext(session, metrics)).arrays["coef"]
+            return next(st.wall_seconds for st in metrics.stages if st.name == "fit")
+
+        t = repeat_timed(fit, ctx.repeat)
+        note = f"method {method}; {plan_note(session, program)}"
+        if method == "tsqr":
+            gap = float(np.abs(coefs["tsqr"] - coefs["normal"]).max() / np.abs(coefs["normal"]).max())
+            note += f"; coefficients within {gap:.1e} of the normal equations' (relative to the largest)"
+        rows.append(Row("linreg", size, f"arrayjob, method {method}" + (" (the default)" if method == "tsqr" else ""),
+                        "per fit", load.median, t.median, arrayjob=method == "tsqr", peer=method == "normal",
+                        limit_s=limit, load_runs=load.runs, compute_runs=t.runs, note=note))
+    return rows
+
+
+WORKLOADS = {"tsqr": tsqr, "kmeans": kmeans, "linreg": linreg}

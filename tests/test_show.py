@@ -35,7 +35,9 @@ def _check_shown(output: str, endpoint: str | None, args: list[str], capsys) -> 
     assert lines[0].startswith(f"test-logreg: logreg, run {run_id}, published ")
     result = report["result"]
     assert lines[1] == (f"  result: objective {result['objective']:.4g}, iterations {result['iterations']}, "
-                        f"evaluations {result['evaluations']}, converged {str(result['converged']).lower()}, "
+                        f"evaluations {result['evaluations']}, "
+                        f"evaluations per iteration {result['evaluations_per_iteration']:.4g}, "
+                        f"converged {str(result['converged']).lower()}, "
                         f"gradient norm {result['gradient_norm']:.3e}, solver lbfgs, n samples 2,000, n features 4")
     assert lines[2].startswith(f"  wall {report['wall_seconds']:.2f} s: validate ")
     assert f"  files: {run_prefix}/result.zarr; report.json, report.html beside it" in lines

@@ -2,31 +2,36 @@
 
 Limited-memory BFGS (Nocedal & Wright, Numerical Optimization, 2nd ed., algorithm 7.4 and
 7.5): the search direction is the two-loop recursion over the last ``memory`` pairs
-(s, y) = (step, change of gradient), scaled by sᵀy / yᵀy of the newest pair; the step
-length comes from SciPy's strong-Wolfe line search (``scipy.optimize.line_search``, the
-algorithm of N&W 3.5/3.6). Everything is deterministic: the same state and the same
-function give the same next state, bit for bit. So a run that saves ``LBFGSState`` after an
-iteration and one that resumes from it reach the same result as a run never stopped, which
-SciPy's L-BFGS-B, whose state lives in Fortran work arrays, cannot offer.
+(s, y) = (step, change of gradient), scaled by sᵀy / yᵀy of the newest pair. The step length
+comes from a line search that tries the unit step first and gets f and ∇f from each trial
+point in one evaluation (one pass over the data): it accepts a step that satisfies the weak
+Wolfe conditions (N&W 3.6; c₁ = 10⁻⁴, c₂ = 0.9), or, where f has reached its rounding level,
+the approximate Wolfe conditions of Hager & Zhang ("A new conjugate gradient method with
+guaranteed descent and an efficient line search", 2005, eq. 4.2: f may rise by rounding if the
+directional derivative has fallen enough), which go on lowering ∇f where differences of f are
+noise. Otherwise it halves or doubles the step, by cubic interpolation between the bracket's
+ends. Everything is deterministic: the same state and the same function give the same next
+state, bit for bit. So a run that saves ``LBFGSState`` after an iteration and one that resumes
+from it reach the same result as a run never stopped, which SciPy's L-BFGS-B, whose state
+lives in Fortran work arrays, cannot offer.
 
 Stops when the gradient's 2-norm is at most ``tol``, after ``max_iter`` iterations, or when
-no step along the steepest descent satisfies the Wolfe conditions (f cannot decrease at
-machine precision). There is no test on the decrease of f: near a tight ``tol`` an
-iteration lowers f by less than 64 eps relatively and still shrinks the gradient (SciPy's
-``ftol`` test would stop there unconverged). Cost per iteration: one
-evaluation of f and g most of the time (more when the line search brackets), and
+no step can lower f by more than rounding (``state.flat``: "no further decrease possible at
+machine precision"): the quasi-Newton step's predicted decrease −½∇f·d is below f's rounding level
+(``rounding``), checked before any evaluation, or the line search brackets a step of that
+size without a decrease. So a ``tol`` below what the data can reach costs no backtracking at
+the end. Cost per iteration: one evaluation of f and ∇f most of the time (a few more when
+the line search brackets, mostly in the first iteration, whose step length is unknown), and
 O(memory · n) flops on the driver.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import scipy.optimize
 
 Function = Callable[[np.ndarray], tuple[float, np.ndarray]]
 
@@ -43,6 +48,7 @@ class LBFGSState:
     y: np.ndarray  # (pairs, n)
     iteration: int = 0
     done: bool = False
+    flat: bool = False  # stopped because no step can lower f by more than rounding
 
     @classmethod
     def start(cls, x: np.ndarray, fun: Function) -> LBFGSState:
@@ -52,12 +58,12 @@ class LBFGSState:
 
     def as_dict(self) -> dict[str, Any]:
         return {"x": self.x, "f": self.f, "g": self.g, "s": self.s, "y": self.y, "iteration": self.iteration,
-                "done": self.done}
+                "done": self.done, "flat": self.flat}
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> LBFGSState:
         return cls(np.asarray(state["x"]), float(state["f"]), np.asarray(state["g"]), np.asarray(state["s"]),
-                   np.asarray(state["y"]), int(state["iteration"]), bool(state["done"]))
+                   np.asarray(state["y"]), int(state["iteration"]), bool(state["done"]), bool(state.get("flat", False)))
 
 
 def direction(g: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -79,17 +85,74 @@ def direction(g: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
     return -q
 
 
-def _line_search(fun: Function, state: LBFGSState, d: np.ndarray) -> float | None:
-    def f(x: np.ndarray) -> float:
-        return fun(x)[0]
+SUFFICIENT_DECREASE = 1e-4  # c₁ (Armijo)
+CURVATURE = 0.9  # c₂ (weak Wolfe): loose, as quasi-Newton methods want (N&W 3.1)
+MAX_TRIALS = 30  # evaluations one line search may make
+ROUNDING_ULPS = 0.5  # a change of f below half a unit in the last place of |f| rounds away
 
-    def fprime(x: np.ndarray) -> np.ndarray:
-        return fun(x)[1]
 
-    with warnings.catch_warnings():  # a failed search is reported by its result (None), handled here
-        warnings.filterwarnings("ignore", "The line search algorithm")
-        alpha = scipy.optimize.line_search(f, fprime, state.x, d, gfk=state.g, old_fval=state.f)[0]
-    return None if alpha is None else float(alpha)
+def rounding(f: float) -> float:
+    """The least change of f that rounding does not swallow: ``ROUNDING_ULPS`` units in the
+    last place of |f|."""
+    return ROUNDING_ULPS * np.finfo(float).eps * max(abs(f), np.finfo(float).tiny)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A point on the search line: the step length, f and ∇f there, and f's slope along d."""
+
+    alpha: float
+    f: float
+    g: np.ndarray
+    slope: float
+
+
+def _line_search(fun: Function, state: LBFGSState, d: np.ndarray) -> tuple[Trial | None, bool]:
+    """A step along d that satisfies the (weak, or approximate) Wolfe conditions, or the
+    longest step found that lowers f; or None, and whether that is because no step along d
+    can change f by more than rounding."""
+    f0, slope0 = state.f, float(state.g @ d)
+    noise = rounding(f0)
+    lo: Trial | None = None  # the longest step known to satisfy the decrease condition
+    hi: Trial | None = None  # the shortest step known to fail it
+    alpha = 1.0
+    for _ in range(MAX_TRIALS):
+        f, g = fun(state.x + alpha * d)
+        trial = Trial(alpha, float(f), np.array(g, dtype=np.float64), float(np.asarray(g) @ d))
+        decrease = trial.f <= f0 + SUFFICIENT_DECREASE * alpha * slope0 or (
+            trial.f <= f0 + noise and trial.slope <= (1 - 2 * SUFFICIENT_DECREASE) * slope0)  # Hager–Zhang
+        if decrease and trial.slope >= CURVATURE * slope0:
+            return trial, False
+        if decrease and (lo is None or alpha > lo.alpha):
+            lo = trial
+        elif not decrease:
+            hi = trial
+        if hi is not None and -(hi.alpha - (lo.alpha if lo else 0.0)) * slope0 <= noise:
+            return (lo, False) if lo is not None and lo.f < f0 else (None, True)  # below what f resolves
+        alpha = _next_alpha(lo, hi, f0, slope0)
+    return (lo, False) if lo is not None and lo.f < f0 else (None, False)
+
+
+def _next_alpha(lo: Trial | None, hi: Trial | None, f0: float, slope0: float) -> float:
+    """The next step length: twice the longest good step while no step has failed; else the
+    minimiser of the cubic through the bracket's ends (f and slope at each), kept inside the
+    bracket's middle 80 % (bisection when the cubic has none)."""
+    if hi is None:
+        assert lo is not None
+        return 2.0 * lo.alpha
+    a0, f_a, s_a = (lo.alpha, lo.f, lo.slope) if lo else (0.0, f0, slope0)
+    a1, f_b, s_b = hi.alpha, hi.f, hi.slope
+    width = a1 - a0
+    d1 = s_a + s_b - 3 * (f_a - f_b) / (a0 - a1)
+    radicand = d1 * d1 - s_a * s_b
+    if radicand >= 0 and np.isfinite(radicand):
+        d2 = np.sqrt(radicand)
+        denominator = s_b - s_a + 2 * d2
+        if denominator != 0:
+            t = a1 - width * (s_b + d2 - d1) / denominator
+            if np.isfinite(t):
+                return float(min(max(t, a0 + 0.1 * width), a1 - 0.1 * width))
+    return a0 + 0.5 * width
 
 
 def step(fun: Function, state: LBFGSState, *, tol: float, max_iter: int, memory: int = 10) -> LBFGSState:
@@ -99,22 +162,30 @@ def step(fun: Function, state: LBFGSState, *, tol: float, max_iter: int, memory:
     if float(state.g @ d) >= 0:  # not a descent direction (rounding in a flat region): forget the pairs
         s_hist, y_hist = s_hist[:0], y_hist[:0]
         d = direction(state.g, s_hist, y_hist)
-    alpha = _line_search(fun, state, d)
-    if alpha is None and len(s_hist):  # the pairs mislead: try the steepest descent once
+    # the quasi-Newton step would lower f by about −½∇f·d: nothing to find below rounding
+    if len(s_hist) and -0.5 * float(state.g @ d) <= rounding(state.f):
+        return _stopped(state)
+    found, flat = _line_search(fun, state, d)
+    if found is None and not flat and len(s_hist):  # the pairs mislead: try the steepest descent once
         s_hist, y_hist = s_hist[:0], y_hist[:0]
         d = direction(state.g, s_hist, y_hist)
-        alpha = _line_search(fun, state, d)
-    if alpha is None:
-        return LBFGSState(state.x, state.f, state.g, state.s, state.y, state.iteration, done=True)
-    x = state.x + alpha * d
-    f, g = fun(x)
+        found, flat = _line_search(fun, state, d)
+    if found is None:
+        return _stopped(state) if flat else LBFGSState(state.x, state.f, state.g, state.s, state.y, state.iteration,
+                                                       done=True)
+    x, g = state.x + found.alpha * d, found.g
     s, y = x - state.x, g - state.g
     if float(s @ y) > np.finfo(float).eps * float(y @ y):  # keep H positive definite
         s_hist = np.vstack([s_hist, s])[-memory:]
         y_hist = np.vstack([y_hist, y])[-memory:]
     iteration = state.iteration + 1
     done = iteration >= max_iter or float(np.linalg.norm(g)) <= tol or not np.any(s)
-    return LBFGSState(x, float(f), np.array(g, dtype=np.float64), s_hist, y_hist, iteration, done)
+    return LBFGSState(x, found.f, g, s_hist, y_hist, iteration, done)
+
+
+def _stopped(state: LBFGSState) -> LBFGSState:
+    """``state``, stopped where no step lowers f by more than rounding."""
+    return LBFGSState(state.x, state.f, state.g, state.s, state.y, state.iteration, done=True, flat=True)
 
 
 def minimize(fun: Function, state: LBFGSState, *, tol: float, max_iter: int, memory: int = 10,

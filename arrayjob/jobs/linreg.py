@@ -9,11 +9,13 @@ With sample weights (the optional input ``weights``, (n,), ≥ 0) the loss is th
 ``sample_weight``; each method below scales X's rows by √wᵢ (TSQR) or weights its sums, and n
 becomes Σwᵢ.
 
-``method = "tsqr"`` (default): the R factor of [X 1 y] by TSQR (see ``jobs.tsqr``); the
-ridge rows √(n·l2)·I are appended to R on the driver and factored again, and
-R₁₁ θ = r₁₂ gives the coefficients; the residual is R's last diagonal entry. Backward
-stable: no squared condition number. Cost: one pass over X, about 2n(d+2)² flops, moves
-B(d+2)² floats.
+``method = "tsqr"`` (default): the R factor of [X 1 y] by an R-only TSQR, Q never formed:
+each block's R by a sketch-preconditioned Cholesky QR (``tsqr.r_of_rows``; Householder when
+its check fails), the blocks' stacked R factors by Householder; the ridge rows √(n·l2)·I are
+appended to R on the driver and factored again, and R₁₁ θ = r₁₂ gives the coefficients; the
+residual is R's last diagonal entry. Backward stable: no squared condition number. Cost: one
+pass over X (each block read twice in memory), about 2n(d+2)² flops (n(d+2)² of trsm, as many
+of Gram), moves B(d+2)² floats.
 
 ``method = "normal"``: one pass computes XᵀX, Xᵀy and the column sums in one kernel per
 row block; the driver centres them and solves the d × d system (Cholesky, or least
@@ -61,7 +63,14 @@ from arrayjob.jobs.base import (
     require,
     require_features_and_targets,
 )
-from arrayjob.jobs.tsqr import QR_OF_STACK, block_rows_for, qr_block_cost, r_of_block
+from arrayjob.jobs.tsqr import (
+    R_OF_STACK,
+    Order,
+    block_rows_for,
+    r_of_block_cost,
+    r_of_rows,
+    r_of_stack_cost,
+)
 from arrayjob.planner.kernel import Kernel
 
 # A sparse X with at most this many columns is solved by the normal equations (its d × d
@@ -166,8 +175,7 @@ class LinearRegression(Job):
                 operands.append(w)
             (r_stack,) = la.map_blocks(kernel, *operands, outputs=[((blocks * cols, cols), "float64", cols)],
                                        block_rows=[rows] * len(operands), cost=augmented_r_cost)
-            _, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * cols, cols), "float64", None),
-                                                                 ((cols, cols), "float64", None)], cost=qr_block_cost)
+            (r,) = la.map_blocks(R_OF_STACK, r_stack, outputs=[((cols, cols), "float64", None)], cost=r_of_stack_cost)
             return {"R": r} if w is None else {"R": r, "sum_w": w.sum()}
         y = _vector(y)
         if w is None:
@@ -310,35 +318,49 @@ def _vector(y: la.BlockArray) -> la.BlockArray:
     return y.sum(axis=1) if y.ndim == 2 else y
 
 
-def _augmented(X: np.ndarray, y: np.ndarray, ones: bool, w: np.ndarray | None = None) -> np.ndarray:
-    columns = [X, np.ones((X.shape[0], 1))] if ones else [X]
-    block = np.concatenate([*columns, y.reshape(-1, 1)], axis=1)
-    return block if w is None else block * np.sqrt(w.reshape(-1, 1))
+def _augmented_r(X: np.ndarray, y: np.ndarray, ones: bool, w: np.ndarray | None = None) -> np.ndarray:
+    """R of [X 1 y] (or [X y]; rows scaled by √wᵢ), the block assembled a piece at a time."""
+    root = None if w is None else np.sqrt(np.asarray(w, dtype=np.float64).reshape(-1))
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+
+    d = X.shape[1]
+
+    def rows_of(lo: int, hi: int, order: Order) -> np.ndarray:
+        block = np.empty((hi - lo, d + 1 + ones), order=order)
+        block[:, :d] = X[lo:hi]
+        if ones:
+            block[:, d] = 1.0
+        block[:, -1] = y[lo:hi]
+        if root is not None:
+            block *= root[lo:hi, None]
+        return block
+
+    return r_of_rows(rows_of, X.shape[0], X.shape[1] + (2 if ones else 1))
 
 
 def augmented_r_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
-    """Copying X, y (and ones) into one block, then ``qr_block`` of it (both kernels: the
-    column of ones is priced as if present)."""
+    """``r_of_rows`` of [X 1 y] (both kernels: the column of ones is priced as if present),
+    its pieces assembled twice (and scaled by √wᵢ when weighted)."""
     rows, d = shapes[0][0], math.prod(shapes[0][1:])
-    work = qr_block_cost([(rows, d + 2)])
-    work["elementwise"] = work.get("elementwise", 0.0) + rows * (d + 2) * (2 if len(shapes) > 2 else 1)
+    work = r_of_block_cost([(rows, d + 2)])
+    work["elementwise"] = work.get("elementwise", 0.0) + 2 * rows * (d + 2) * (2 if len(shapes) > 2 else 1)
     return work
 
 
 def augmented_r(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return r_of_block(_augmented(X, y, ones=False))
+    return _augmented_r(X, y, ones=False)
 
 
 def augmented_r_with_ones(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return r_of_block(_augmented(X, y, ones=True))
+    return _augmented_r(X, y, ones=True)
 
 
 def weighted_r(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return r_of_block(_augmented(X, y, ones=False, w=w))
+    return _augmented_r(X, y, ones=False, w=w)
 
 
 def weighted_r_with_ones(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return r_of_block(_augmented(X, y, ones=True, w=w))
+    return _augmented_r(X, y, ones=True, w=w)
 
 
 AUGMENTED_R = Kernel("r_of_xy_block", augmented_r)

@@ -217,6 +217,7 @@ class LogisticRegression(Job):
                 evaluate.take(x0, first[1])  # the first pass was the first evaluation
             elif first is not None:
                 evaluate.evaluations = 1  # a pass over X all the same
+            flat = False
             if p.solver == "newton":
                 theta, iterations, objective, grad_norm = self._newton(evaluate, x0, saved, ctx)
                 solver = "newton"
@@ -225,10 +226,16 @@ class LogisticRegression(Job):
                 fitted = fit(evaluate, x0, saved=saved, tol=p.tol, max_iter=p.max_iter, ctx=ctx, invariance=invariance)
                 theta, iterations, objective, grad_norm = fitted.theta, fitted.iterations, fitted.objective, \
                     fitted.gradient_norm
-                solver = fitted.solver
-        return self._result(theta, k, class_weight, evaluate, {
+                solver, flat = fitted.solver, fitted.flat
+        converged = bool(grad_norm <= p.tol)
+        # passes over X per iteration, the first evaluation (at the start) included
+        attrs: dict[str, object] = {
             "objective": objective, "iterations": iterations, "evaluations": evaluate.evaluations,
-            "converged": bool(grad_norm <= p.tol), "gradient_norm": grad_norm, "solver": solver})
+            "evaluations_per_iteration": round(evaluate.evaluations / max(iterations, 1), 4),
+            "converged": converged, "gradient_norm": grad_norm, "solver": solver}
+        if flat and not converged:
+            attrs["no_further_decrease"] = True  # tol was out of reach: f is at its rounding level
+        return self._result(theta, k, class_weight, evaluate, attrs)
 
     def _find_classes(self, ctx: JobContext, workers: int) -> tuple[np.ndarray, Totals]:
         """K from the first pass (the declared program at θ = 0, which checks every label is an
@@ -263,9 +270,12 @@ class LogisticRegression(Job):
             attrs["weight_sum"] = evaluate.weight_sum
         if class_weight is not None:
             attrs["class_weight"] = [float(c) for c in class_weight]
+        outcome = f"{'converged' if attrs['converged'] else 'did NOT converge'} in {attrs['iterations']} iterations"
+        if attrs.get("no_further_decrease"):
+            outcome += " (no further decrease possible at machine precision)"
         summary = [
-            f"{'converged' if attrs['converged'] else 'did NOT converge'} in {attrs['iterations']} iterations: "
-            f"objective {attrs['objective']:.10g}, gradient norm {attrs['gradient_norm']:.2e} (tol {p.tol:g})",
+            f"{outcome}: objective {attrs['objective']:.10g}, gradient norm {attrs['gradient_norm']:.2e} "
+            f"(tol {p.tol:g}); {attrs['evaluations']} evaluations, {attrs['evaluations_per_iteration']:.2f} an iteration",
         ]
         if p.l1 > 0:
             summary.append(f"{attrs['nonzero']:,} of {coef.size:,} coefficients non-zero")

@@ -69,7 +69,7 @@ from arrayjob.jobs.base import (
     require,
     require_matrix,
 )
-from arrayjob.jobs.tsqr import block_rows_for, qr_block_cost, r_of_block, tsqr_program
+from arrayjob.jobs.tsqr import block_rows_for, r_of_block, r_of_block_cost, tsqr_program
 from arrayjob.planner.kernel import Kernel
 from arrayjob.units import size
 
@@ -108,14 +108,14 @@ def combine_centred(r_stack: np.ndarray, moments: np.ndarray) -> tuple[np.ndarra
 
 def centred_r_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
     rows, d = shapes[0]
-    work = qr_block_cost([(rows, d)])
+    work = r_of_block_cost([(rows, d)])
     work["elementwise"] = work.get("elementwise", 0.0) + 2.0 * rows * d
     return work
 
 
 def combine_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
     (rows, d), (blocks, _) = shapes
-    return qr_block_cost([(rows + blocks, d)])
+    return r_of_block_cost([(rows + blocks, d)])
 
 
 CENTRED_R = Kernel("centred_r_block", centred_r_block)

@@ -111,6 +111,7 @@ class Fit:
     target: float
     iterations: int
     solver: str  # "lbfgs" or "owlqn"
+    flat: bool = False  # L-BFGS stopped where no step lowers F by more than rounding
 
     @property
     def converged(self) -> bool:
@@ -154,4 +155,4 @@ def fit(evaluate: Evaluator, x0: np.ndarray, *, saved: Checkpoint | None, tol: f
         state = owlqn.minimize(evaluate.smooth, state, c, tol=target, max_iter=max_iter, on_iteration=save, move=move)
     else:
         state = lbfgs.minimize(evaluate.smooth, state, tol=target, max_iter=max_iter, on_iteration=save)
-    return Fit(state.x, state.f, norm(state), target, state.iteration, solver)
+    return Fit(state.x, state.f, norm(state), target, state.iteration, solver, state.flat)

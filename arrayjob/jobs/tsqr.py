@@ -34,9 +34,9 @@ A and its Q.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 from scipy.linalg.blas import dtrsm
@@ -60,6 +60,10 @@ from arrayjob.planner.tiling import row_grid
 SUB_ROWS = 2048
 COND_LIMIT = 1e6  # CholeskyQR2 only below this cond(R₁) = cond(A) (its limit is about 7·10⁷)
 R1 = "tsqr-R1"  # the name the first factor is bound to in the second pass
+PIECE_ROWS = 8192  # rows of a block assembled, solved and summed at a time (1–4 MiB: in cache)
+SKETCH_ROWS_PER_COLUMN = 8  # a CountSketch of 8d rows: cond(A R_s⁻¹) about 2 on the bench's X and y
+SKETCH_COND_LIMIT = 10.0  # one Cholesky of Q₁ᵀQ₁ leaves Q orthogonal to u·cond(Q₁)² <= 100u
+SKETCH_SEED = 20240528
 
 
 def _qr(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -102,8 +106,113 @@ def times_block_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
     return {"contraction_flops": 2.0 * rows * d * k}
 
 
+# rows lo:hi of a block as a new float64 array (it is overwritten), in the memory order asked for
+Order = Literal["C", "F"]
+Rows = Callable[[int, int, Order], np.ndarray]
+
+
+def householder_r(a: np.ndarray, sub_rows: int = SUB_ROWS) -> np.ndarray:
+    """R of a tall block by Householder QR (LAPACK geqrf, ``mode="r"``) of its sub-blocks of
+    ``sub_rows`` rows, their R factors stacked and factored once more: a TSQR inside the task,
+    Q never formed. Backward stable for any block, rank-deficient ones included."""
+    a = np.asarray(a, dtype=np.float64)
+    rows, cols = a.shape
+    return householder_r_of_rows(_rows_of(a), rows, cols, sub_rows)
+
+
+def householder_r_of_rows(rows_of: Rows, rows: int, cols: int, sub_rows: int = SUB_ROWS) -> np.ndarray:
+    if rows <= 2 * sub_rows:
+        return _r(rows_of(0, rows, "C"))
+    return _r(np.concatenate([_r(rows_of(s, min(s + sub_rows, rows), "C")) for s in range(0, rows, sub_rows)]))
+
+
+def _r(a: np.ndarray) -> np.ndarray:
+    """R of a, padded to d × d when a has fewer rows than d."""
+    r = cast(np.ndarray, np.linalg.qr(a, mode="r"))
+    d = a.shape[1]
+    return r if r.shape[0] == d else np.pad(r, ((0, d - r.shape[0]), (0, 0)))
+
+
 def r_of_block(a: np.ndarray) -> np.ndarray:
-    return qr_block(a)[1]
+    """R of one tall block, Q never formed (``r_of_rows``)."""
+    a = np.asarray(a, dtype=np.float64)
+    rows, cols = a.shape
+    return r_of_rows(_rows_of(a), rows, cols)
+
+
+def _rows_of(a: np.ndarray) -> Rows:
+    def rows_of(lo: int, hi: int, order: Order) -> np.ndarray:
+        return np.array(a[lo:hi], order=order)
+    return rows_of
+
+
+def r_of_rows(rows_of: Rows, rows: int, cols: int) -> np.ndarray:
+    """R of an m × d block given by its rows (``rows_of(lo, hi, order)``; a job's block such as
+    [X 1 y] is assembled a piece at a time, in cache), Q never formed: randomized Cholesky
+    QR (Fan, Guo & Lin 2021; Balabanov, "Randomized Cholesky QR factorizations", 2022).
+
+    A sketch S A (``SKETCH_ROWS_PER_COLUMN``·d rows, each the sum of the rows of one residue
+    class with random signs: a CountSketch) is factored by Householder, S A = Q_s R_s; then
+    Q₁ = A R_s⁻¹ (trsm, a piece at a time) has a condition number near 1 whatever A's, and one
+    Cholesky of Q₁ᵀQ₁ = R₂ᵀR₂ finishes it: R = R₂ R_s. The check: cond(R₂) <= ``SKETCH_COND_LIMIT``,
+    so that Q₁ᵀQ₁'s rounding (u·cond(R₂)²) stays at Householder's level; a block that fails it
+    (a sketch that missed a direction, a rank-deficient block) is factored by
+    ``householder_r_of_rows``. Cost: md² flops of trsm and md² of Gram (syrk), and two reads of
+    the block; Householder costs 2md², mostly level-2 LAPACK."""
+    d = cols
+    if rows <= max(2 * SUB_ROWS, 4 * SKETCH_ROWS_PER_COLUMN * d):
+        return householder_r_of_rows(rows_of, rows, cols)
+    rs = _r(_sketch(rows_of, rows, d))
+    diagonal = np.abs(np.diag(rs))
+    if not np.all(np.isfinite(rs)) or diagonal.min() <= np.finfo(float).eps * diagonal.max():
+        return householder_r_of_rows(rows_of, rows, cols)
+    gram = np.zeros((d, d))
+    for lo in range(0, rows, PIECE_ROWS):
+        # Q₁'s piece in place of the piece (a new array, Fortran order: trsm from the right, no copy)
+        q = dtrsm(1.0, rs, rows_of(lo, min(lo + PIECE_ROWS, rows), "F"), side=1, lower=0, overwrite_b=1)
+        gram += q.T @ q
+    r2 = cholesky_upper(gram, SKETCH_COND_LIMIT)
+    if r2 is None:
+        return householder_r_of_rows(rows_of, rows, cols)
+    return np.triu(r2 @ rs)
+
+
+def _sketch(rows_of: Rows, rows: int, d: int) -> np.ndarray:
+    """S A for the CountSketch S that adds row i of A, times its own random sign, into row
+    i mod m (m = ``SKETCH_ROWS_PER_COLUMN``·d); the signs drawn from a fixed seed, so the same
+    block gives the same R, bit for bit. (One sign per run of m rows would not do: a column
+    of ones would be sketched by one sum of signs, its norm off by that sum's luck.)"""
+    m = SKETCH_ROWS_PER_COLUMN * d
+    signs = np.where(np.random.default_rng(SKETCH_SEED).random(rows) < 0.5, -1.0, 1.0)
+    sketch = np.zeros((m, d))
+    step = m * max(1, PIECE_ROWS // m)
+    for lo in range(0, rows, step):
+        piece = rows_of(lo, min(lo + step, rows), "C")
+        piece *= signs[lo: lo + piece.shape[0], None]
+        runs = piece.shape[0] // m
+        sketch += piece[: runs * m].reshape(runs, m, d).sum(axis=0)
+        rest = piece.shape[0] - runs * m
+        if rest:
+            sketch[:rest] += piece[runs * m:]
+    return sketch
+
+
+def r_of_block_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    """The work of ``r_of_rows`` on an m × d block that passes the check (as the estimate
+    assumes of every input): the sketch, one trsm and one Gram."""
+    rows, d = shapes[0][0], math.prod(shapes[0][1:])
+    return {"contraction_flops": 2.0 * rows * d * d, "triangular_solve_flops": float(rows * d * d),
+            "elementwise": 2.0 * rows * d}
+
+
+def r_of_stack(r_stack: np.ndarray) -> np.ndarray:
+    """The R that combines the blocks' stacked R factors (a small Householder QR, R only)."""
+    return householder_r(r_stack)
+
+
+def r_of_stack_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
+    rows, d = shapes[0]
+    return {"qr_flops": qr_flops(rows, d) / 2}  # R only: half the flops of a QR with Q formed
 
 
 def qr_of_stack(r_stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -140,14 +249,15 @@ def solve_twice_block(a: np.ndarray, r1: np.ndarray, r2: np.ndarray) -> np.ndarr
     return solve_block(solve_block(a, r1), r2)
 
 
-def cholesky_upper(gram: np.ndarray) -> np.ndarray | None:
+def cholesky_upper(gram: np.ndarray, limit: float = COND_LIMIT) -> np.ndarray | None:
     """Upper-triangular R with RᵀR = gram and positive diagonal, or None when the Cholesky
-    fails or cond(R) exceeds ``COND_LIMIT`` (CholeskyQR2 would lose orthogonality)."""
+    fails or cond(R) exceeds ``limit`` (default ``COND_LIMIT``: CholeskyQR2 would lose
+    orthogonality)."""
     try:
         r = np.ascontiguousarray(np.linalg.cholesky(gram).T)
     except np.linalg.LinAlgError:
         return None
-    if not np.all(np.isfinite(r)) or np.linalg.cond(r) > COND_LIMIT:
+    if not np.all(np.isfinite(r)) or np.linalg.cond(r) > limit:
         return None
     return r
 
@@ -179,6 +289,7 @@ def solve_twice_cost(shapes: Sequence[tuple[int, ...]]) -> dict[str, float]:
 QR_BLOCK = Kernel("qr_block", qr_block)
 R_OF_BLOCK = Kernel("r_of_block", r_of_block)
 QR_OF_STACK = Kernel("qr_of_stack", qr_of_stack)
+R_OF_STACK = Kernel("r_of_stack", r_of_stack)
 TIMES_BLOCK = Kernel("q_times_q2", times_block)
 GRAM_BLOCK = Kernel("gram_block", gram_block)
 SOLVED_GRAM = Kernel("solved_gram", solved_gram_block)
@@ -192,9 +303,8 @@ def tsqr_program(A: la.BlockArray, block_rows: int, *, with_q: bool) -> tuple[la
     blocks = math.ceil(n / block_rows)
     if not with_q:
         (r_stack,) = la.map_blocks(R_OF_BLOCK, A, outputs=[((blocks * d, d), "float64", d)], block_rows=[block_rows],
-                                   cost=qr_block_cost)
-        _, r = la.map_blocks(QR_OF_STACK, r_stack, outputs=[((blocks * d, d), "float64", None), ((d, d), "float64", None)],
-                             cost=qr_block_cost)
+                                   cost=r_of_block_cost)
+        (r,) = la.map_blocks(R_OF_STACK, r_stack, outputs=[((d, d), "float64", None)], cost=r_of_stack_cost)
         return None, r
     q1, r_stack = la.map_blocks(QR_BLOCK, A, outputs=[((n, d), "float64", block_rows), ((blocks * d, d), "float64", d)],
                                 block_rows=[block_rows], cost=qr_block_cost)
