@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -65,8 +66,9 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A small logistic regression (4 row blocks), lineage settings cleared."""
+def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A small logistic regression (4 row blocks), lineage settings cleared; afterwards, the
+    OPENLINEAGE__TRANSPORT__... variables the client derives from OPENLINEAGE_URL removed too."""
     for name in ("OPENLINEAGE_URL", "OPENLINEAGE_CONFIG", "OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID",
                  "OPENLINEAGE_NAMESPACE", "OPENLINEAGE_DISABLED", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
         monkeypatch.delenv(name, raising=False)
@@ -76,7 +78,9 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     write_spec(tmp_path / "job.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out",
                params="max_iter = 5\n")
     monkeypatch.chdir(tmp_path)
-    return tmp_path
+    yield tmp_path
+    for name in [n for n in os.environ if n.startswith("OPENLINEAGE__")]:
+        del os.environ[name]
 
 
 def test_dataset_names_follow_openlineage_naming():
@@ -167,7 +171,45 @@ def test_off_without_settings_and_a_warning_without_the_client(job, monkeypatch,
     warnings: list[str] = []
     assert RunTracking.for_spec(spec, warnings.append).observers == []
     monkeypatch.setenv("OPENLINEAGE_URL", "http://127.0.0.1:9")
-    monkeypatch.setitem(os.sys.modules, "openlineage.client", None)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "openlineage.client", None)  # as if the lineage extra were not installed
     assert RunTracking.for_spec(spec, warnings.append).observers == []
     assert warnings == ["lineage: OPENLINEAGE_URL or OPENLINEAGE_CONFIG is set but openlineage-python is not "
                         "installed (pip install 'arrayjob[lineage]'); no lineage events"]
+
+
+def test_the_events_of_each_end_are_valid_and_a_dead_receiver_is_one_warning(job, receiver, monkeypatch):
+    """The hook alone, on the inputs' real metadata (no Ray): START, COMPLETE, FAIL and ABORT
+    validate; a receiver that is gone is one warning, then nothing more is tried."""
+    from arrayjob.integrations import RunPublished, RunStarted, RunTracking
+    from arrayjob.runner import prepare
+    from arrayjob.runtime.metrics import RunMetrics
+    from arrayjob.spec import load_spec
+
+    monkeypatch.setenv("OPENLINEAGE_URL", receiver.url)
+    spec = load_spec(job / "job.toml")
+    started = RunStarted(spec, "20260101T000000Z-00000000", prepare(spec).arrays)
+    published = RunPublished({}, "", {"prefix": "runs/r", "files": [{"path": "result.zarr/w", "bytes": 10}]},
+                             str(job / "out/runs/r"), {"coef": ((3,), "float64")})
+    warnings: list[str] = []
+    for end in ("COMPLETE", "FAIL", "ABORT"):
+        tracking = RunTracking.for_spec(spec, warnings.append)
+        tracking.start(started, RunMetrics())
+        if end == "COMPLETE":
+            tracking.complete(published)
+        else:
+            tracking.fail(ValueError("boom\nmore") if end == "FAIL" else KeyboardInterrupt())
+    assert warnings == []
+    assert [e["eventType"] for e in receiver.events] == ["START", "COMPLETE", "START", "FAIL", "START", "ABORT"]
+    for event in receiver.events:
+        validate(event)
+    assert receiver.events[3]["run"]["facets"]["errorMessage"]["message"] == "ValueError: boom"
+    assert receiver.events[1]["outputs"][0]["facets"]["schema"]["fields"] == [
+        {"name": "coef", "type": "float64", "description": "result.zarr/coef, shape 3", "fields": []}]
+
+    receiver.shutdown()
+    receiver.server_close()  # nothing listens now
+    tracking = RunTracking.for_spec(spec, warnings.append)
+    tracking.start(started, RunMetrics())
+    tracking.complete(published)
+    assert len(warnings) == 1 and warnings[0].startswith("lineage: starting the run: "), warnings
+    assert warnings[0].endswith("; the run goes on without it")

@@ -16,6 +16,7 @@ A server that cannot be reached costs one warning, not the job: requests time ou
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -127,7 +128,9 @@ class MlflowRun(RunObserver):
         if self.parent:
             tags["mlflow.parentRunId"] = self.parent
         self.run_id = self.client.create_run(experiment_id, tags=tags, run_name=f"{spec.name}-{run.run_id}").info.run_id
-        params = dict(_flat("params", spec.resolved.get("params", {})))
+        # every parameter the algorithm ran with, defaults included, not only those the spec wrote
+        given = dataclasses.asdict(spec.params) if dataclasses.is_dataclass(spec.params) else spec.resolved.get("params", {})
+        params = dict(_flat("params", given))
         params.update({f"inputs.{name}": str(location) for name, location in spec.inputs.items()})
         params["output.uri"] = str(spec.output)
         self.client.log_batch(self.run_id, params=[Param(k, str(v)[:PARAM_CHARS]) for k, v in sorted(params.items())])
