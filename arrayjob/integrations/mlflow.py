@@ -129,7 +129,9 @@ class MlflowRun(RunObserver):
             tags["mlflow.parentRunId"] = self.parent
         self.run_id = self.client.create_run(experiment_id, tags=tags, run_name=f"{spec.name}-{run.run_id}").info.run_id
         # every parameter the algorithm ran with, defaults included, not only those the spec wrote
-        given = dataclasses.asdict(spec.params) if dataclasses.is_dataclass(spec.params) else spec.resolved.get("params", {})
+        given = spec.resolved.get("params", {})
+        if dataclasses.is_dataclass(spec.params) and not isinstance(spec.params, type):
+            given = dataclasses.asdict(spec.params)
         params = dict(_flat("params", given))
         params.update({f"inputs.{name}": str(location) for name, location in spec.inputs.items()})
         params["output.uri"] = str(spec.output)
