@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import time
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
@@ -19,6 +20,7 @@ from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import MachineProfile, load_profile
 from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
 from arrayjob.errors import InputError, SpecError
+from arrayjob.integrations import RunPublished, RunStarted, RunTracking
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
 from arrayjob.io.checkpoint import Checkpoints, CheckpointStore, kill_point
@@ -196,10 +198,15 @@ def node_request(choice: NodeChoice, spec: JobSpec) -> NodeRequest:
                        timeout=spec.cluster.scale_timeout_seconds)
 
 
+def stderr_warning(line: str) -> None:
+    print(f"arrayjob: warning: {line}", file=sys.stderr, flush=True)
+
+
 def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = None, wait: bool = True,
         restart: bool = False, notify: Callable[[str], None] = lambda line: None,
         metrics: RunMetrics | None = None, nodes: int | None = None, deadline: float | None = None,
-        check_cost: Callable[[Estimate], None] | None = None) -> RunOutcome:
+        check_cost: Callable[[Estimate], None] | None = None,
+        warn: Callable[[str], None] = stderr_warning) -> RunOutcome:
     """Run ``spec`` and publish its output. Another run holding the output is waited for (or,
     unless ``wait``, ``LeaseHeldError``); waiting and takeovers are told to ``notify``. An
     iterative job resumes from the checkpoint a dead run of the same spec left (told to
@@ -209,8 +216,12 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
     The node count (``costing.sizing.choose_nodes``: ``nodes``, ``deadline``, or the plan's
     memory) is chosen before any data is read and told to ``notify``; when the run sizes its
     cluster (``sizes_cluster``) it is asked of the autoscaler. ``check_cost`` sees the estimate
-    at that count first (``--max-cost``)."""
+    at that count first (``--max-cost``).
+
+    The run is recorded where the spec and the environment ask (``integrations``: an MLflow
+    run, OpenLineage events) once it holds its output; what fails there is told to ``warn``."""
     started = time.perf_counter()
+    tracking = RunTracking.for_spec(spec, warn)  # a missing extra the spec asks for: before any work
     metrics = metrics or RunMetrics()
     hold_from_environment(metrics)  # tests only: a run held at a named point (``runtime.pause``)
     retries = storage_retries()  # this (driver) process's; the workers' come with their reads
@@ -243,6 +254,8 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         store.clear()
     checkpoints = Checkpoints(store, output.run_id, spec.algorithm, spec.run.checkpoint_every, notify,
                               metrics.count_storage)
+    models = {name: spec.inputs[name] for name in job.model_inputs if name in spec.inputs}
+    tracking.start(RunStarted(spec, output.run_id, job.arrays, models), metrics)
 
     try:
         with ExitStack() as stack:
@@ -313,15 +326,19 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             "resumed": None if resumed is None else {"run_id": resumed.run_id, "iteration": resumed.iteration},
         }
         output.write_json("report.json", report)
-        output.write_text("report.html", report_html.render(report))
+        html = report_html.render(report)
+        output.write_text("report.html", html)
         kill_point("publish")
         manifest = output.commit()
         metrics.emit("publish", uri=str(spec.output), run_id=manifest["run_id"], prefix=manifest["prefix"])
         store.clear()  # published: no run needs them now
-    except BaseException:
+    except BaseException as exc:
         output.abandon()
+        tracking.fail(exc)
         raise
     finally:
         output.release()
+    tracking.complete(RunPublished(report, html, manifest, str(spec.output.join(manifest["prefix"])),
+                                   {name: (a.shape, str(a.dtype)) for name, a in result.arrays.items()}))
     return RunOutcome(spec, skipped=False, manifest=manifest, report=report, result=result,
                       description=job.describe())

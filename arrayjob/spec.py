@@ -33,7 +33,7 @@ from arrayjob.runtime.cluster import ClusterOptions
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage", "planner", "run")
+SECTIONS = ("job", "inputs", "params", "output", "cluster", "storage", "planner", "run", "tracking")
 _INT64 = (-(2**63), 2**63 - 1)
 _MAX_FLOAT = int(sys.float_info.max)
 SECRET_WORDS = ("secret", "token", "password", "key_id", "access_key", "credential")
@@ -70,6 +70,17 @@ class RunOptions:
 
 
 @dataclass(frozen=True)
+class TrackingOptions:
+    """The ``[tracking]`` section: where a run is recorded besides its report (not in the spec
+    digest). Lineage has no key: it follows ``OPENLINEAGE_URL`` / ``OPENLINEAGE_CONFIG``."""
+
+    # an MLflow tracking server (http://host:5000); else MLFLOW_TRACKING_URI; else no MLflow run
+    mlflow: str | None = field(default=None, metadata={"check": lambda v: v != "", "expect": "a tracking URI"})
+    # the MLflow experiment; else MLFLOW_EXPERIMENT_NAME, MLFLOW_EXPERIMENT_ID, else the job's name
+    experiment: str | None = field(default=None, metadata={"check": lambda v: v != "", "expect": "a name"})
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A validated job spec. ``params`` is the algorithm's own params dataclass."""
 
@@ -90,6 +101,7 @@ class JobSpec:
     # per input that is or may be Parquet: what of it to read
     tables: Mapping[str, TableSelection] = field(default_factory=dict)
     run: RunOptions = field(default_factory=RunOptions)
+    tracking: TrackingOptions = field(default_factory=TrackingOptions)
 
     def digest(self) -> str:
         """What identifies the result: job, inputs, params and output (not where or how it ran)."""
@@ -396,6 +408,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = 
     storage = table_to_dataclass(StorageOptions, raw.get("storage", {}), "storage")
     planner = table_to_dataclass(PlannerOptions, raw.get("planner", {}), "planner")
     run = table_to_dataclass(RunOptions, raw.get("run", {}), "run")
+    tracking = table_to_dataclass(TrackingOptions, raw.get("tracking", {}), "tracking")
     return JobSpec(
         name=name,
         algorithm=algorithm,
@@ -411,6 +424,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = 
         formats={n: e.format for n, e in entries.items()},
         tables={n: e.table for n, e in entries.items() if e.format != "zarr"},
         run=run,
+        tracking=tracking,
     )
 
 

@@ -44,6 +44,20 @@ COMMAND_NOT_FOUND = 127
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
+# what the remote run is recorded by (docs/operating.md, "Runs in MLflow", "Lineage"): passed on
+# from this machine's environment; not OPENLINEAGE_API_KEY (a runtime env is shown in Ray's
+# dashboard) nor OPENLINEAGE_CONFIG (a file on this machine)
+TRACKING_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID",
+                      "OPENLINEAGE_URL", "OPENLINEAGE_ENDPOINT", "OPENLINEAGE_NAMESPACE", "OPENLINEAGE_PARENT_ID",
+                      "OPENLINEAGE_ROOT_PARENT_ID", "OPENLINEAGE_DISABLED")
+
+
+def tracking_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The tracking and lineage settings set here, for the remote run's environment."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in TRACKING_VARIABLES if environ.get(name)}
+
+
 def job_server_address(address: str | None) -> str:
     """``--address`` if given, else ``RAY_API_SERVER_ADDRESS``, else ``RAY_ADDRESS``, as Ray's CLI."""
     if address:
@@ -127,7 +141,7 @@ class JobServer:
             Path(workdir, SPEC_FILE).write_text(tomli_w.dumps(sent_spec(spec)))
             runtime_env: dict[str, Any] = {
                 "working_dir": workdir,
-                "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(STOP_GRACE_SECONDS)},
+                "env_vars": {**tracking_environment(), "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_GRACE_SECONDS)},
             }
             command = ["arrayjob", "run", SPEC_FILE, *run_options]
             if upload_package:

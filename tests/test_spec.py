@@ -39,7 +39,7 @@ MALFORMED = [
     ("not toml", "[job\nname = 1", [],
      "{spec}: not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 5)"),
     ("unknown section", GOOD + "\n[paramz]\nl2 = 1\n", [],
-     "paramz: unknown section (expected: job, inputs, params, output, cluster, storage, planner, run)"),
+     "paramz: unknown section (expected: job, inputs, params, output, cluster, storage, planner, run, tracking)"),
     ("unknown param", GOOD.replace("l2 = 1e-4", "l3 = 1e-4"), [],
      "params.l3: unknown key (expected one of: solver, family, classes, l2, l1, class_weight, fit_intercept, max_iter, "
      "tol)"),

@@ -19,7 +19,13 @@ import tomli_w
 
 from arrayjob.errors import SpecError
 from arrayjob.spec import load_spec
-from arrayjob.submission import job_end, job_headers, job_server_address, sent_spec
+from arrayjob.submission import (
+    job_end,
+    job_headers,
+    job_server_address,
+    sent_spec,
+    tracking_environment,
+)
 from tests.helpers import run_in_own_session
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +46,17 @@ def test_address_from_the_option_then_ray_variables(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://b:8265")
     assert job_server_address(None) == "http://b:8265"  # Ray's CLI reads it before RAY_ADDRESS
     assert job_server_address("http://c:8265") == "http://c:8265"
+
+
+def test_tracking_and_lineage_settings_go_to_the_remote_run() -> None:
+    """What records the run (MLflow, OpenLineage and its Airflow parent) is passed on; a key or a
+    local config file is not, nor anything else."""
+    here = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_RUN_ID": "abc", "OPENLINEAGE_URL": "http://ol:5000",
+            "OPENLINEAGE_PARENT_ID": "airflow/dag.submit/0190", "OPENLINEAGE_API_KEY": "secret",
+            "OPENLINEAGE_CONFIG": "/etc/ol.yml", "OPENLINEAGE_NAMESPACE": "", "HOME": "/root"}
+    assert tracking_environment(here) == {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "MLFLOW_RUN_ID": "abc",
+                                          "OPENLINEAGE_URL": "http://ol:5000",
+                                          "OPENLINEAGE_PARENT_ID": "airflow/dag.submit/0190"}
 
 
 def test_headers_are_a_json_object(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,7 +121,9 @@ def run(spec: str, overrides: tuple[str, ...], overwrite: bool, no_wait: bool, r
                                  restart=restart, metrics=metrics,
                                  notify=(lambda line: None) if watcher is None else watcher.notice,
                                  nodes=nodes, deadline=deadline,
-                                 check_cost=None if max_cost is None else lambda est: _check_cost(est, max_cost))
+                                 check_cost=None if max_cost is None else lambda est: _check_cost(est, max_cost),
+                                 # a tracking server's trouble: above a live view, in the JSON lines
+                                 warn=_warn if watcher is None else lambda line: watcher.notice(f"warning: {line}"))
     finally:
         if watcher is not None:
             watcher.close()

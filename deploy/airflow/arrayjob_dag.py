@@ -15,7 +15,8 @@ Tasks:
   estimate_gate  ``arrayjob estimate ... --max-cost``: exit 3 (over budget) skips the task,
                  and so the day's submit.
   submit         ``arrayjob submit`` with ``output.uri`` keyed by the data interval (``{{ ds }}``):
-                 a rerun of a day finds that day's output complete and exits 0.
+                 a rerun of a day finds that day's output complete and exits 0. With Airflow's
+                 OpenLineage provider, the run's lineage names this task's run as its parent.
 Both retry exit 4 (storage) and 5 (Ray), which may pass on another try, and fail at once on
 any other code: 2 (a bad spec or input) or 1 (a bug) would fail again.
 """
@@ -76,6 +77,15 @@ ESTIMATE = (
 )
 SUBMIT = "{{ params.arrayjob | sh }} submit " + OPTIONS
 ADDRESS = {"RAY_ADDRESS": "{{ params.address }}"}  # the job server, for arrayjob submit
+# The run's OpenLineage events name this task's run as their parent (docs/operating.md, "Lineage"):
+# the OpenLineage provider's macros where its plugin is loaded (installed and configured), else
+# empty (no parent). OPENLINEAGE_URL and the rest come from the workers' environment.
+LINEAGE_PARENT = {
+    variable: f"{{{{ macros.OpenLineageProviderPlugin.{macro}(task_instance) "
+              f"if macros.OpenLineageProviderPlugin is defined else '' }}}}"
+    for variable, macro in (("OPENLINEAGE_PARENT_ID", "lineage_parent_id"),
+                            ("OPENLINEAGE_ROOT_PARENT_ID", "lineage_root_parent_id"))
+}
 
 with DAG(
     dag_id="arrayjob_daily",
@@ -113,7 +123,7 @@ with DAG(
         task_id="submit",
         bash_command=SUBMIT,
         skip_on_exit_code=None,  # BashOperator skips on 99 by default: arrayjob has no such code
-        env=ADDRESS,
+        env={**ADDRESS, **LINEAGE_PARENT},  # arrayjob submit passes them on to the run
         append_env=True,
     )
     estimate_gate >> submit
