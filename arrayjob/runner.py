@@ -27,7 +27,7 @@ from arrayjob.io.model import PublishedModel, open_model
 from arrayjob.io.output import JobOutput
 from arrayjob.io.sparse import is_sparse_group, open_sparse_info
 from arrayjob.jobs import JOBS, get_job
-from arrayjob.jobs.base import Job, JobContext, JobResult
+from arrayjob.api.job import Job, JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import Residency, StreamRates
 from arrayjob.report import html as report_html

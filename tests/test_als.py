@@ -21,7 +21,7 @@ from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.sparse import open_sparse_info
 from arrayjob.jobs import get_job
 from arrayjob.jobs.als_layout import BuildItemBlock, SplitByItemBlock
-from arrayjob.jobs.base import JobContext
+from arrayjob.api.job import JobContext
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session

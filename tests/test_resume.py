@@ -309,7 +309,7 @@ class StopAfter(Checkpoints):
 
 def _fit(job, checkpoints):
     """``job`` run on the in-process executor, with ``checkpoints``; (attrs, arrays) of its result."""
-    from arrayjob.jobs.base import JobContext
+    from arrayjob.api.job import JobContext
     from arrayjob.planner.plan import ClusterShape, PlanOptions
     from arrayjob.runtime.executor import LocalExecutor
     from arrayjob.runtime.session import Session

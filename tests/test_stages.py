@@ -15,7 +15,7 @@ from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.sparse import open_sparse_info
 from arrayjob.jobs import JOBS, get_job
-from arrayjob.jobs.base import JobContext, StagePlan
+from arrayjob.api.job import JobContext, StagePlan
 from arrayjob.lazy import capture
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.ops import Op

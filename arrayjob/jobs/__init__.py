@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from arrayjob.errors import SpecError
+from arrayjob.api import Job, SpecError
 from arrayjob.jobs.als import ALS
-from arrayjob.jobs.base import Job
 from arrayjob.jobs.gmm import GaussianMixture
 from arrayjob.jobs.kmeans import KMeans
 from arrayjob.jobs.linreg import LinearRegression
