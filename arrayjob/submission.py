@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from arrayjob.catalog import get_job, job_code
 from arrayjob.errors import ClusterError, SpecError
 from arrayjob.spec import JobSpec
 
@@ -130,11 +131,15 @@ class JobServer:
                 "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(STOP_GRACE_SECONDS)},
             }
             command = ["arrayjob", "run", SPEC_FILE, *run_options]
+            # a user's job (``algorithm = "module:Class"``) goes with it: its package or module
+            code = list(job_code(get_job(spec.algorithm)))
             if upload_package:
                 import arrayjob
 
-                runtime_env["py_modules"] = [str(Path(arrayjob.__file__).parent)]
+                code.insert(0, str(Path(arrayjob.__file__).parent))
                 command = ["python", "-m", "arrayjob", "run", SPEC_FILE, *run_options]
+            if code:
+                runtime_env["py_modules"] = code
             metadata = {"arrayjob_job": spec.name, "arrayjob_output": str(spec.output)}
             return self._call("submitting", submission_id, lambda: self.client.submit_job(
                 entrypoint=shlex.join(command), submission_id=submission_id, runtime_env=runtime_env,
