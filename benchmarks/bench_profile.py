@@ -416,9 +416,9 @@ def graph_build(args: argparse.Namespace) -> None:
     execution and storing the results: where the graph build's time goes."""
     import ray
 
+    from arrayjob.api.job import JobContext
     from arrayjob.io.arrays import open_array_info
     from arrayjob.io.locations import StorageOptions, parse_uri
-    from arrayjob.api.job import JobContext
     from arrayjob.jobs.pagerank import PageRank, PageRankParams
     from arrayjob.planner.plan import ClusterShape, PlanOptions
     from arrayjob.runtime.cluster import ray_cluster
