@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -279,3 +280,41 @@ def test_the_ridge_example_resumes_after_a_sigkill(tmp_path_factory, workdir, ca
     resumed = read_result("out")
     assert resumed.attrs["iterations"] == iterations
     np.testing.assert_allclose(resumed["coef"][:], reference["coef"][:], rtol=1e-10, atol=1e-14)
+
+
+# -- the tutorial's code is the code that runs --------------------------------------------------------
+
+
+def _tutorial_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (REPO / "docs" / "writing-jobs.md").read_text(), re.S)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_the_tutorials_ridge_is_short_plans_one_kernel_and_fits_as_scikit_learn(workdir, capsys, monkeypatch):
+    from sklearn.linear_model import Ridge
+
+    code = _tutorial_blocks()[0]
+    assert code.startswith('"""Ridge regression by the normal equations') and len(code.splitlines()) <= 40
+    (workdir / "tutorial_ridge.py").write_text(code)
+    monkeypatch.syspath_prepend(str(workdir))
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((2000, 4))
+    y = X @ [1.0, -2.0, 0.5, 3.0] + 0.1 * rng.standard_normal(2000)
+    write_array(str(workdir / "X.zarr"), X, (500, 4))
+    write_array(str(workdir / "y.zarr"), y, (500,))
+    spec = user_spec(workdir / "ridge.toml", "tutorial_ridge:Ridge", inputs={"X": "X.zarr", "y": "y.zarr"},
+                     output="out", params="l2 = 0.01")
+    code_, out, err = run_cli(["plan", str(spec)], capsys)
+    assert code_ == 0 and "kernels (1):" in out, err  # X.T @ X and X.T @ y: one pass over X
+    code_, _, err = run_cli(["run", str(spec), "-q"], capsys)
+    assert code_ == 0, err
+    reference = Ridge(alpha=0.01 * len(y), fit_intercept=False, solver="cholesky").fit(X, y)
+    np.testing.assert_allclose(read_result("out")["coef"][:], reference.coef_, rtol=1e-10)
+
+
+def test_the_tutorials_iterative_ridge_is_the_examples_code():
+    example = (REPO / "examples" / "ridge" / "ridge_cg.py").read_text()
+    shown = _tutorial_blocks()[1]
+    for line in shown.splitlines():
+        assert line.split("  #")[0].rstrip() in example, line
