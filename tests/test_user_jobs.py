@@ -318,3 +318,9 @@ def test_the_tutorials_iterative_ridge_is_the_examples_code():
     shown = _tutorial_blocks()[1]
     for line in shown.splitlines():
         assert line.split("  #")[0].rstrip() in example, line
+
+
+def test_a_missing_input_of_a_users_job_is_exit_2_without_a_datagen_hint(workdir, capsys):
+    spec = user_spec(workdir / "s.toml", FAULTY, inputs={"X": "nothing.zarr"}, output="out")
+    code, _, err = run_cli(["plan", str(spec)], capsys)
+    assert code == 2 and err.startswith("arrayjob: error: inputs.X: no Zarr array at ") and "datagen" not in err
