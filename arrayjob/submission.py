@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -131,8 +132,15 @@ class JobServer:
                 "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(STOP_GRACE_SECONDS)},
             }
             command = ["arrayjob", "run", SPEC_FILE, *run_options]
-            # a user's job (``algorithm = "module:Class"``) goes with it: its package or module
-            code = list(job_code(get_job(spec.algorithm)))
+            # a user's job (``algorithm = "module:Class"``) goes with it: its package (Ray's
+            # py_modules take directories), or its one module, beside the spec in the job's
+            # working directory (on the job's PYTHONPATH)
+            code = []
+            for path in job_code(get_job(spec.algorithm)):
+                if os.path.isdir(path):
+                    code.append(path)
+                else:
+                    shutil.copy(path, workdir)
             if upload_package:
                 import arrayjob
 

@@ -175,7 +175,7 @@ def main() -> None:
         cases["bad_spec"] = arrayjob("submit", str(SPEC), "--address", JOBS, *spec, "--set", "params.l3=1")
         cases["bad_spec"]["jobs_after"] = jobs_submitted() - before
         # the rest are independent jobs on their own outputs: at once, so their start-ups overlap
-        with ThreadPoolExecutor(max_workers=5) as pool:
+        with ThreadPoolExecutor(max_workers=4) as pool:
             for future in [pool.submit(timed(case.__name__, case))
                            for case in (held, no_wait, submit_ok, missing_input, user_job)]:
                 future.result()
