@@ -240,6 +240,7 @@ def ray_address(ray_session):
 
 
 @pytest.mark.ray
+@pytest.mark.cli
 @pytest.mark.timeout(300)
 def test_the_colstats_example_runs_on_a_ray_that_imports_its_code(tmp_path_factory, workdir, capsys, monkeypatch,
                                                                    ray_address):
@@ -262,6 +263,7 @@ def test_the_colstats_example_runs_on_a_ray_that_imports_its_code(tmp_path_facto
 
 
 @pytest.mark.ray
+@pytest.mark.cli
 @pytest.mark.timeout(300)
 def test_the_ridge_example_resumes_after_a_sigkill(tmp_path_factory, workdir, capsys, monkeypatch, ray_address):
     from tests.test_resume import LEASE_SECONDS, _killed_run, _rerun_resumes
