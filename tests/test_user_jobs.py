@@ -195,7 +195,7 @@ def _example(name: str, where: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = where / name
     shutil.copytree(REPO / "examples" / name, home)
     monkeypatch.syspath_prepend(str(home))
-    spec = home / f"{name if name != 'ridge' else 'ridge'}.toml"
+    spec = home / f"{name}.toml"
     monkeypatch.setenv("ARRAYJOB_BUCKET", str(where / "bucket"))
     return spec
 
