@@ -15,6 +15,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from arrayjob.api.job import Job, JobContext, JobResult
+from arrayjob.catalog import get_job, job_code
 from arrayjob.costing.estimate import Estimate, estimate_job, job_block_target, stream_rates
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import MachineProfile, load_profile
@@ -28,8 +30,7 @@ from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, TableSel
 from arrayjob.io.model import PublishedModel, open_model
 from arrayjob.io.output import JobOutput
 from arrayjob.io.sparse import is_sparse_group, open_sparse_info
-from arrayjob.jobs import JOBS, get_job
-from arrayjob.jobs.base import Job, JobContext, JobResult
+from arrayjob.jobs import JOBS
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import Residency, StreamRates
 from arrayjob.report import html as report_html
@@ -105,7 +106,7 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None,
                     reads.add(opened.counters)
                 arrays[name] = opened.info
                 continue
-            if "no Zarr array" in str(exc):
+            if "no Zarr array" in str(exc) and spec.algorithm in JOBS:  # a user's job has no datagen
                 parent = str(location).rsplit("/", 1)[0]
                 raise InputError(f"{exc} (demo data: arrayjob datagen {spec.algorithm} {parent})") from None
             raise
@@ -261,7 +262,8 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         with ExitStack() as stack:
             with metrics.stage("connect"):
                 # if a dying Ray ends this process, the output is given up first: a rerun need not wait
-                cluster = stack.enter_context(ray_cluster(spec.cluster, before_exit=output.give_up))
+                cluster = stack.enter_context(ray_cluster(spec.cluster, before_exit=output.give_up,
+                                                          code=job_code(type(job))))
                 if scaling:
                     assert choice is not None
                     metrics.nodes = NodeLog(started=metrics.started)

@@ -343,7 +343,7 @@ def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = 
     to ``base``, the spec file's directory, unless its key (``inputs.X``, ``output.uri``)
     was given on the command line (``from_command_line``): then to the working directory.
     """
-    from arrayjob.jobs import get_job, job_names
+    from arrayjob.catalog import get_job, job_names
 
     def where(key: str) -> str | None:
         return None if key in from_command_line or key.rsplit(".", 1)[0] in from_command_line else base

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from arrayjob.catalog import get_job, job_code
 from arrayjob.errors import ClusterError, SpecError
 from arrayjob.spec import JobSpec
 
@@ -144,11 +146,22 @@ class JobServer:
                 "env_vars": {**tracking_environment(), "RAY_JOB_STOP_WAIT_TIME_S": str(STOP_GRACE_SECONDS)},
             }
             command = ["arrayjob", "run", SPEC_FILE, *run_options]
+            # a user's job (``algorithm = "module:Class"``) goes with it: its package (Ray's
+            # py_modules take directories), or its one module, beside the spec in the job's
+            # working directory (on the job's PYTHONPATH)
+            code = []
+            for path in job_code(get_job(spec.algorithm)):
+                if os.path.isdir(path):
+                    code.append(path)
+                else:
+                    shutil.copy(path, workdir)
             if upload_package:
                 import arrayjob
 
-                runtime_env["py_modules"] = [str(Path(arrayjob.__file__).parent)]
+                code.insert(0, str(Path(arrayjob.__file__).parent))
                 command = ["python", "-m", "arrayjob", "run", SPEC_FILE, *run_options]
+            if code:
+                runtime_env["py_modules"] = code
             metadata = {"arrayjob_job": spec.name, "arrayjob_output": str(spec.output)}
             return self._call("submitting", submission_id, lambda: self.client.submit_job(
                 entrypoint=shlex.join(command), submission_id=submission_id, runtime_env=runtime_env,

@@ -12,7 +12,7 @@ from bench_context import Context, rows_per_block
 from bench_harness import Row, dask_threads, repeat_timed, stopwatch, timed
 from bench_logreg import TUNING
 
-from arrayjob.jobs.base import JobContext
+from arrayjob.api.job import JobContext
 from arrayjob.jobs.pagerank import PageRank, PageRankParams
 from arrayjob.jobs.pagerank_graph import distinct
 from arrayjob.jobs.tensor import MTTKRP, MTTKRPParams

@@ -19,7 +19,7 @@ from bench_context import Context, rows_per_block
 from bench_harness import Row, Timing, dask_threads, repeat_timed, timed
 from scipy.special import expit
 
-from arrayjob.jobs.base import JobContext
+from arrayjob.api.job import JobContext
 from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
 from arrayjob.runtime.metrics import RunMetrics
 

@@ -87,7 +87,7 @@ class _Enough(Exception):
 def _pagerank(ctx, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
     """The pagerank job as it runs; py-spy starts at the first iteration (the job's first
     compute bound to a "rank" value) and the iterations outlast it."""
-    from arrayjob.jobs.base import JobContext
+    from arrayjob.api.job import JobContext
     from arrayjob.jobs.pagerank import PageRank, PageRankParams
     from arrayjob.runtime.metrics import RunMetrics
 
@@ -416,9 +416,9 @@ def graph_build(args: argparse.Namespace) -> None:
     execution and storing the results: where the graph build's time goes."""
     import ray
 
+    from arrayjob.api.job import JobContext
     from arrayjob.io.arrays import open_array_info
     from arrayjob.io.locations import StorageOptions, parse_uri
-    from arrayjob.jobs.base import JobContext
     from arrayjob.jobs.pagerank import PageRank, PageRankParams
     from arrayjob.planner.plan import ClusterShape, PlanOptions
     from arrayjob.runtime.cluster import ray_cluster

@@ -37,11 +37,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from arrayjob import lazy  # noqa: E402
+from arrayjob.catalog import get_job  # noqa: E402
 from arrayjob.costing.estimate import estimate_job  # noqa: E402
 from arrayjob.costing.prices import load_prices  # noqa: E402
 from arrayjob.costing.profile import load_profile  # noqa: E402
 from arrayjob.io.locations import ArrayInfo, parse_uri  # noqa: E402
-from arrayjob.jobs import get_job  # noqa: E402
 from arrayjob.planner.cost import physical_cost  # noqa: E402
 from arrayjob.planner.pipeline import make_plan  # noqa: E402
 from arrayjob.planner.plan import ClusterShape, PlanOptions  # noqa: E402

@@ -32,6 +32,13 @@ S3 = "http://127.0.0.1:5055"
 SPEC = REPO / "configs" / "logreg.toml"
 
 
+def colstats_data() -> Any:
+    """The input of the submit case of a user's own job (examples/colstats): 4,000 × 4."""
+    import numpy as np
+
+    return np.random.default_rng(1).standard_normal((4000, 4)) * [1.0, 2.0, 0.5, 3.0] + 5.0
+
+
 # the cases' waits are generous: under make test they run beside the other worker's tests, and
 # under other developers' load the four took 292 s there (2026-11-27, load 10 to 25), 57 s alone
 def arrayjob(*args: str, env: dict[str, str] | None = None, timeout: float = 480) -> dict[str, Any]:

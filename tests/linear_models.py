@@ -10,10 +10,10 @@ import numpy as np
 import scipy.sparse
 import zarr
 
+from arrayjob.api.job import JobContext, JobResult
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import ArrayInfo, StorageOptions, parse_uri
 from arrayjob.io.sparse import open_sparse_info
-from arrayjob.jobs.base import JobContext, JobResult
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.metrics import RunMetrics

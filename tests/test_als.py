@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import scipy.sparse
 
+from arrayjob.api.job import JobContext
+from arrayjob.catalog import get_job
 from arrayjob.costing.estimate import estimate_cluster, estimate_job
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import SHIPPED
@@ -19,9 +21,7 @@ from arrayjob.costing.table import table
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.sparse import open_sparse_info
-from arrayjob.jobs import get_job
 from arrayjob.jobs.als_layout import BuildItemBlock, SplitByItemBlock
-from arrayjob.jobs.base import JobContext
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor
 from arrayjob.runtime.session import Session

@@ -15,11 +15,11 @@ from sklearn.linear_model import Ridge
 from tensorly.decomposition import parafac
 from tensorly.tenalg import unfolding_dot_khatri_rao
 
+from arrayjob.api.job import JobContext
+from arrayjob.catalog import get_job
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.locations import StorageOptions, parse_uri
-from arrayjob.jobs import get_job
-from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.tensor import random_factors
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor

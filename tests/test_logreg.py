@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 
+from arrayjob.api.job import JobContext
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
-from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from arrayjob.api.job import JobContext
 from arrayjob.costing.estimate import estimate_cluster, estimate_job, stream_rates
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import SHIPPED
 from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.checkpoint import Checkpoints
 from arrayjob.io.locations import parse_uri
-from arrayjob.jobs.base import JobContext
 from arrayjob.lazy import capture
 from arrayjob.planner.memory import Admission, MemoryBudget, ProgramMemory
 from arrayjob.runner import plan_options, prepare

@@ -12,10 +12,10 @@ import scipy.sparse
 from sklearn.decomposition import PCA as SkPCA
 from sklearn.decomposition import TruncatedSVD
 
+from arrayjob.api.job import JobContext
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.sparse import open_sparse_info
-from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.pca import PCA, PCAParams
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor

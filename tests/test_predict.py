@@ -16,11 +16,11 @@ from sklearn.datasets import make_blobs
 from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 from sklearn.linear_model import Ridge
 
+from arrayjob.api.job import JobContext
 from arrayjob.io.arrays import ResultGroup, open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.model import open_model
 from arrayjob.io.sparse import open_sparse_info
-from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.predict import Predict, PredictParams
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.runtime.executor import LocalExecutor

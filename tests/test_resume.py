@@ -309,7 +309,7 @@ class StopAfter(Checkpoints):
 
 def _fit(job, checkpoints):
     """``job`` run on the in-process executor, with ``checkpoints``; (attrs, arrays) of its result."""
-    from arrayjob.jobs.base import JobContext
+    from arrayjob.api.job import JobContext
     from arrayjob.planner.plan import ClusterShape, PlanOptions
     from arrayjob.runtime.executor import LocalExecutor
     from arrayjob.runtime.session import Session
@@ -452,9 +452,11 @@ def ray_address(ray_session):
     return ray.get_runtime_context().gcs_address
 
 
-def _killed_run(spec, point, address, workdir, *args, output="out"):
+def _killed_run(spec, point, address, workdir, *args, output="out", path=()):
+    """``arrayjob run`` in a process SIGKILLed at ``point``; ``path``: more of PYTHONPATH (a
+    user's job)."""
     env = {**os.environ, "ARRAYJOB_TEST_KILL_AT": point, "ARRAYJOB_LEASE_SECONDS": LEASE_SECONDS,
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, path)])}
     success = workdir / output / "_SUCCESS"
     before = success.read_bytes() if success.exists() else None
     proc = subprocess.run([sys.executable, "-m", "arrayjob.cli.main", "run", str(spec), "--set",

@@ -15,10 +15,10 @@ from sklearn.cluster import KMeans as SkKMeans
 from sklearn.linear_model import LogisticRegression as SkLogisticRegression
 from sklearn.linear_model import Ridge
 
+from arrayjob.api.job import JobContext
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.sparse import open_sparse_info
-from arrayjob.jobs.base import JobContext
 from arrayjob.jobs.kmeans import KMeans, KMeansParams
 from arrayjob.jobs.linreg import LinearRegression, LinRegParams
 from arrayjob.jobs.logreg import LogisticRegression, LogRegParams

@@ -11,11 +11,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from arrayjob.api.job import JobContext, StagePlan
+from arrayjob.catalog import get_job
 from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.locations import StorageOptions, parse_uri
 from arrayjob.io.sparse import open_sparse_info
-from arrayjob.jobs import JOBS, get_job
-from arrayjob.jobs.base import JobContext, StagePlan
+from arrayjob.jobs import JOBS
 from arrayjob.lazy import capture
 from arrayjob.planner.ir import Graph
 from arrayjob.planner.ops import Op

@@ -184,6 +184,20 @@ def test_the_job_exit_code_comes_back(cases: dict[str, Any]) -> None:
 
 
 @pytest.mark.jobs
+def test_submit_sends_a_users_job_with_it(cases: dict[str, Any]) -> None:
+    """examples/colstats, from a directory outside the checkout, runs on a cluster that has its
+    module nowhere but in what submit sent, and computes what NumPy does."""
+    from tests.jobserver import colstats_data
+
+    run = cases["user_job"]
+    assert run["code"] == 0, run["stderr"]
+    assert run["published"] == ["out/user/_SUCCESS"]
+    X = colstats_data()
+    assert run["mean"] == pytest.approx(X.mean(axis=0), rel=1e-12)
+    assert run["std"] == pytest.approx(X.std(axis=0), rel=1e-12)
+
+
+@pytest.mark.jobs
 def test_no_wait_then_status_and_logs(cases: dict[str, Any]) -> None:
     run = cases["no_wait"]
     job_id = run["stdout"].strip()

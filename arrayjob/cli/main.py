@@ -86,6 +86,14 @@ def _click_message(exc: click.ClickException) -> str:
     return " ".join(exc.format_message().split())
 
 
+def _error(exc: ArrayJobError, debug: bool) -> int:
+    if debug:  # a job's own error carries its traceback (a worker's, for a block function)
+        text = getattr(exc, "traceback_text", "")
+        sys.stderr.write(text) if text else traceback.print_exc()
+    click.echo(f"arrayjob: error: {_one_line(str(exc))}", err=True)
+    return exc.exit_code
+
+
 def _run(args: list[str], debug: bool) -> int:
     try:
         cli.main(args=args, prog_name="arrayjob", standalone_mode=False)
@@ -102,10 +110,7 @@ def _run(args: list[str], debug: bool) -> int:
         click.echo(TERMINATED, err=True)
         return Terminated.exit_code
     except ArrayJobError as exc:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"arrayjob: error: {_one_line(str(exc))}", err=True)
-        return exc.exit_code
+        return _error(exc, debug)
     except Exception as exc:  # noqa: BLE001 - a bug: say so in one line, details with --debug
         stop = _signal_cause(exc)
         if isinstance(stop, Terminated):
@@ -114,6 +119,11 @@ def _run(args: list[str], debug: bool) -> int:
         if isinstance(stop, KeyboardInterrupt):
             click.echo("arrayjob: interrupted", err=True)
             return 130
+        from arrayjob.catalog import blame
+
+        own = blame(exc)  # raised in a user's job: its error, not arrayjob's
+        if own is not None:
+            return _error(own, debug)
         if debug:
             traceback.print_exc()
         click.echo(f"arrayjob: internal error: {type(exc).__name__}: {_one_line(str(exc))} (rerun with --debug for a traceback)", err=True)

@@ -22,7 +22,8 @@ address_option = click.option(
 @click.option("--restart", is_flag=True, help="Start the fit afresh, not from a dead run's checkpoint.")
 @click.option("--no-wait", is_flag=True, help="Print the job id and exit at once; the job runs on.")
 @click.option("--upload-package", is_flag=True,
-              help="Send this arrayjob package with the job, for a cluster without it (its dependencies must be there).")
+              help="Send this arrayjob package with the job, for a cluster without it (its dependencies must be there). "
+                   "A job named as module:Class is always sent with it.")
 @debug_option
 def submit(spec: str, address: str | None, overrides: tuple[str, ...], overwrite: bool, restart: bool,
            no_wait: bool, upload_package: bool, debug: bool) -> None:

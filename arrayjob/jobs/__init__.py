@@ -1,10 +1,10 @@
-"""The algorithm catalog: one module per algorithm, registered by name."""
+"""The built-in algorithms: one module per algorithm, registered by name (``arrayjob.catalog``
+resolves a spec's ``algorithm``: these, a user's ``module:Class``, entry points)."""
 
 from __future__ import annotations
 
-from arrayjob.errors import SpecError
+from arrayjob.api import Job
 from arrayjob.jobs.als import ALS
-from arrayjob.jobs.base import Job
 from arrayjob.jobs.gmm import GaussianMixture
 from arrayjob.jobs.kmeans import KMeans
 from arrayjob.jobs.linreg import LinearRegression
@@ -20,13 +20,3 @@ JOBS: dict[str, type[Job]] = {
                               CPALS, PageRank, Predict)
 }
 
-
-def job_names() -> list[str]:
-    return sorted(JOBS)
-
-
-def get_job(name: str) -> type[Job]:
-    try:
-        return JOBS[name]
-    except KeyError:
-        raise SpecError(f"job.algorithm: unknown algorithm {name!r} (expected one of: {', '.join(job_names())})") from None

@@ -59,10 +59,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse
 
-from arrayjob import lazy as la
-from arrayjob.errors import InputError
-from arrayjob.io.arrays import open_array_info, read_whole
-from arrayjob.io.locations import parse_uri
+from arrayjob import api as la
+from arrayjob.api import (
+    EACH_ITERATION,
+    InputError,
+    Job,
+    JobContext,
+    JobResult,
+    Kernel,
+    Pass,
+    StagePlan,
+    open_array_info,
+    parse_uri,
+    read_whole,
+    require,
+    require_numeric,
+)
 from arrayjob.jobs.als_layout import (
     BuildItemBlock,
     LayoutWork,
@@ -71,18 +83,7 @@ from arrayjob.jobs.als_layout import (
     index_dtype,
 )
 from arrayjob.jobs.als_solve import ItemStep, SolveWork, UserStep
-from arrayjob.jobs.base import (
-    EACH_ITERATION,
-    Job,
-    JobContext,
-    JobResult,
-    Pass,
-    StagePlan,
-    require,
-    require_numeric,
-)
 from arrayjob.jobs.tsqr import block_rows_for
-from arrayjob.planner.kernel import Kernel
 
 PIECES, COLUMNS = "als-pieces", "als-columns"  # handles of the split row blocks and of R's column layout
 
@@ -170,7 +171,7 @@ class ALS(Job):
 
     def _ratings(self) -> la.BlockArray:
         check = Kernel("als_negative_rating", negative_rating) if self.params.implicit else None
-        return la.from_zarr(self.arrays["R"], check)
+        return la.from_input(self.arrays["R"], check)
 
     def _column_block_bytes(self, workers: int) -> int:
         R = self.arrays["R"]

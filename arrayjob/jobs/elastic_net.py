@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from arrayjob import lazy as la
-from arrayjob.jobs.base import JobContext, JobResult
+from arrayjob import api as la
+from arrayjob.api import JobContext, JobResult
 from arrayjob.jobs.penalised import Evaluator, Penalty, Totals, fit
 
 

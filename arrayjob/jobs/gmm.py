@@ -48,18 +48,20 @@ from typing import Literal, NoReturn
 import numpy as np
 import scipy.linalg
 
-from arrayjob import lazy as la
-from arrayjob.errors import InputError
-from arrayjob.io.arrays import open_array_info, read_whole
-from arrayjob.io.locations import StorageCounters, parse_uri
-from arrayjob.jobs.base import (
+from arrayjob import api as la
+from arrayjob.api import (
     EACH_ITERATION,
+    InputError,
     Job,
     JobContext,
     JobResult,
     Pass,
     StagePlan,
+    StorageCounters,
     Written,
+    open_array_info,
+    parse_uri,
+    read_whole,
     require,
     require_matrix,
 )
@@ -195,7 +197,7 @@ class GaussianMixture(Job):
     def stages(self, workers: int) -> StagePlan:
         """X's column sums and second moments at load (the shift and the initial covariance),
         an EM pass per iteration, and the final pass (labels, which the workers write)."""
-        X = la.from_zarr(self.arrays["X"])
+        X = la.from_input(self.arrays["X"])
         p = self.params
         moments = la.einsum("ij,ik->jk", X, X) if p.covariance == "full" else (X * X).sum(axis=0)
         return StagePlan((

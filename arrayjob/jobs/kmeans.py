@@ -34,18 +34,23 @@ from typing import Any
 import numpy as np
 import scipy.sparse
 
-from arrayjob import lazy as la
-from arrayjob.errors import InputError
-from arrayjob.io.arrays import open_array_info, read_block, read_whole
-from arrayjob.io.locations import ArrayInfo, StorageCounters, StorageOptions, parse_uri
-from arrayjob.jobs.base import (
+from arrayjob import api as la
+from arrayjob.api import (
     EACH_ITERATION,
+    ArrayInfo,
+    InputError,
     Job,
     JobContext,
     JobResult,
     Pass,
     StagePlan,
+    StorageCounters,
+    StorageOptions,
     Written,
+    open_array_info,
+    parse_uri,
+    read_block,
+    read_whole,
     require,
     require_matrix,
 )
@@ -118,7 +123,7 @@ class KMeans(Job):
     def stages(self, workers: int) -> StagePlan:
         """Column statistics at load (for ``tol``), a Lloyd step per iteration, and the
         final pass (labels, which the workers write, and inertia)."""
-        X = la.from_zarr(self.arrays["X"])
+        X = la.from_input(self.arrays["X"])
         return StagePlan((
             Pass("stats", "load", {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}),
             Pass("step", "fit", kmeans_program(X, self.params.k, final=False), EACH_ITERATION),

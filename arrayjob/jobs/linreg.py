@@ -50,19 +50,20 @@ from typing import Literal
 import numpy as np
 import scipy.linalg
 
-from arrayjob import lazy as la
-from arrayjob.jobs import elastic_net, sample_weights
-from arrayjob.jobs.base import (
+from arrayjob import api as la
+from arrayjob.api import (
     EACH_ITERATION,
     Job,
     JobContext,
     JobResult,
+    Kernel,
     Pass,
     Runs,
     StagePlan,
     require,
     require_features_and_targets,
 )
+from arrayjob.jobs import elastic_net, sample_weights
 from arrayjob.jobs.tsqr import (
     R_OF_STACK,
     Order,
@@ -71,7 +72,6 @@ from arrayjob.jobs.tsqr import (
     r_of_rows,
     r_of_stack_cost,
 )
-from arrayjob.planner.kernel import Kernel
 
 # A sparse X with at most this many columns is solved by the normal equations (its d × d
 # Gram matrix fits the driver: 128 MB), a wider one by conjugate gradients.
@@ -138,8 +138,8 @@ class LinearRegression(Job):
         """One pass over X: R of [X 1 y] (``tsqr``), or the sums of the normal equations;
         ``cg``: the sums, a product with XᵀX per iteration, and the residual; ``owlqn``: one
         evaluation at the start and one per iteration."""
-        X = la.from_zarr(self.arrays["X"])
-        y = _vector(la.from_zarr(self.arrays["y"]))
+        X = la.from_input(self.arrays["X"])
+        y = _vector(la.from_input(self.arrays["y"]))
         w = sample_weights.sample_weights(self.arrays)
         if self.method == "owlqn":
             return StagePlan((Pass("evaluate", "fit", elastic_net.program(X, y, w, self.params.fit_intercept),
@@ -160,8 +160,8 @@ class LinearRegression(Job):
         return StagePlan((Pass(self.method, "fit", self._one_pass(workers)),))
 
     def _one_pass(self, workers: int) -> dict[str, la.BlockArray]:
-        X = la.from_zarr(self.arrays["X"])
-        y = la.from_zarr(self.arrays["y"])
+        X = la.from_input(self.arrays["X"])
+        y = la.from_input(self.arrays["y"])
         w = sample_weights.sample_weights(self.arrays)
         if self.method == "tsqr":
             rows = block_rows_for(self, "X", workers)

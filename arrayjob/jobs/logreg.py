@@ -42,22 +42,22 @@ from typing import Literal
 import numpy as np
 import scipy.linalg
 
-from arrayjob import lazy as la
-from arrayjob.io.checkpoint import Checkpoint
-from arrayjob.jobs import multinomial, sample_weights
-from arrayjob.jobs.base import (
+from arrayjob import api as la
+from arrayjob.api import (
+    Checkpoint,
     Job,
     JobContext,
     JobResult,
+    Kernel,
     Pass,
     Runs,
     StagePlan,
     require,
     require_features_and_targets,
+    size,
 )
+from arrayjob.jobs import multinomial, sample_weights
 from arrayjob.jobs.penalised import Evaluator, Penalty, Sums, Totals, fit
-from arrayjob.planner.kernel import Kernel
-from arrayjob.units import size
 
 # Newton's d × d Hessian comes back from every block: 512 MB at this many features
 NEWTON_MAX_FEATURES = 8192
@@ -165,13 +165,13 @@ class LogisticRegression(Job):
             check = multinomial.CHECK_INTEGER_LABELS
         else:
             check = multinomial.check_classes(self.given_classes) if self.multinomial else CHECK_LABELS
-        y = la.from_zarr(self.arrays["y"], check=check)
+        y = la.from_input(self.arrays["y"], check=check)
         return y.sum(axis=1) if y.ndim == 2 else y
 
     def _evaluation(self) -> dict[str, la.BlockArray]:
         """Σ rᵢ lossᵢ and its gradient (Newton: and Hessian) in one pass over X; Σ rᵢ when rows
         are weighted, and the largest label when K is to be found."""
-        X, y, p = la.from_zarr(self.arrays["X"]), self._labels(), self.params
+        X, y, p = la.from_input(self.arrays["X"]), self._labels(), self.params
         weights = sample_weights.sample_weights(self.arrays)
         if self.multinomial:
             k = self.classes or 2

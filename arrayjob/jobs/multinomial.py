@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrayjob import lazy as la
-from arrayjob.planner.kernel import Kernel
+from arrayjob import api as la
+from arrayjob.api import Kernel
 
 
 def _check_integer_labels(y: np.ndarray) -> str | None:

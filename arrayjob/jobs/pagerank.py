@@ -68,10 +68,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from arrayjob import lazy as la
-from arrayjob.io.locations import ArrayInfo
-from arrayjob.io.sparse import member_info
-from arrayjob.jobs.base import EACH_ITERATION, Job, JobContext, JobResult, Pass, StagePlan, require
+from arrayjob import api as la
+from arrayjob.api import (
+    EACH_ITERATION,
+    ArrayInfo,
+    Job,
+    JobContext,
+    JobResult,
+    Kernel,
+    Pass,
+    StagePlan,
+    member_info,
+    require,
+)
 from arrayjob.jobs.pagerank_graph import (
     BuildBlock,
     CountOutEdges,
@@ -86,7 +95,6 @@ from arrayjob.jobs.pagerank_graph import (
     out_degree,
     scale_block,
 )
-from arrayjob.planner.kernel import Kernel
 
 # Two graph blocks per worker once each holds this many edges (about 30 ms of SpMV per
 # iteration, several times Ray's cost per task); one below (see the module note).
@@ -159,11 +167,11 @@ class PageRank(Job):
         return dataclasses.replace(member_info(self.arrays["edges"], member), name=f"edges.{member}")
 
     def _edges(self) -> la.BlockArray:
-        return la.from_zarr(self._edge_array)
+        return la.from_input(self._edge_array)
 
     def _indptr(self) -> la.BlockArray:
         """A CSR group's ``indptr``, read whole on a worker (the sources of every edge chunk)."""
-        return la.from_zarr(self._member("indptr"))
+        return la.from_input(self._member("indptr"))
 
     def _block_rows(self, n: int, workers: int) -> int:
         """Rows (target nodes) per block of Aᵀ."""

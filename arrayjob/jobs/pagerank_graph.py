@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse
 
-from arrayjob.io.locations import ArrayInfo
-from arrayjob.io.sparse import index_outside, index_outside_error
+from arrayjob.api import ArrayInfo, index_outside, index_outside_error
 
 SPMV_CACHE_BYTES = 16 * 2**20  # a gathered vector above this misses the cache (half of a 32 MiB L3)
 

@@ -56,22 +56,22 @@ from typing import Literal
 
 import numpy as np
 
-from arrayjob import lazy as la
-from arrayjob.io.locations import StorageCounters
-from arrayjob.jobs.base import (
+from arrayjob import api as la
+from arrayjob.api import (
     EACH_ITERATION,
     Job,
     JobContext,
     JobResult,
+    Kernel,
     Pass,
     StagePlan,
+    StorageCounters,
     Written,
     require,
     require_matrix,
+    size,
 )
 from arrayjob.jobs.tsqr import block_rows_for, r_of_block, r_of_block_cost, tsqr_program
-from arrayjob.planner.kernel import Kernel
-from arrayjob.units import size
 
 # ``auto`` factors a dense X exactly up to this many columns (R is 32 MB), randomized above
 EXACT_AUTO_FEATURES = 2048
@@ -214,7 +214,7 @@ class PCA(Job):
         pass per further iteration, the Rayleigh–Ritz pass. Then, with ``scores``, the pass
         whose workers write the scores."""
         info = self.arrays["X"]
-        X = la.from_zarr(info)
+        X = la.from_input(info)
         n, d = X.shape
         if self.method == "exact":
             rows = block_rows_for(self, "X", workers)

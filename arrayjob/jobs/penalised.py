@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrayjob.io.checkpoint import Checkpoint
+from arrayjob.api import Checkpoint, JobContext
 from arrayjob.jobs import lbfgs, owlqn, sample_weights
-from arrayjob.jobs.base import JobContext
 
 # One pass over the data, its results as they come back: Σ rᵢ lossᵢ, its gradient, its Hessian
 # (or None), Σ rᵢ

@@ -40,18 +40,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrayjob import lazy as la
-from arrayjob.errors import InputError
-from arrayjob.io.arrays import read_whole
-from arrayjob.io.locations import ArrayInfo, StorageCounters
-from arrayjob.io.model import PublishedModel
-from arrayjob.jobs.base import (
+from arrayjob import api as la
+from arrayjob.api import (
+    ArrayInfo,
+    InputError,
     Job,
     JobContext,
     JobResult,
     Pass,
+    PublishedModel,
     StagePlan,
+    StorageCounters,
     Written,
+    read_whole,
     require,
     require_numeric,
 )
@@ -253,7 +254,7 @@ class Predict(Job):
 
     def stages(self, workers: int) -> StagePlan:
         """One pass over X computing every per-row output, which the workers write."""
-        X = la.from_zarr(self.arrays["X"])
+        X = la.from_input(self.arrays["X"])
         program = self.scorer.program(X, self._model_shapes())
         rows = self.arrays["X"].chunks[0]
         writes = {name: Written(x.shape, (rows, *x.shape[1:]), x.dtype) for name, x in program.items()}

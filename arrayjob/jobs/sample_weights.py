@@ -17,11 +17,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from arrayjob import lazy as la
-from arrayjob.errors import InputError
-from arrayjob.io.locations import ArrayInfo
-from arrayjob.jobs.base import require, require_numeric
-from arrayjob.planner.kernel import Kernel
+from arrayjob import api as la
+from arrayjob.api import ArrayInfo, InputError, Kernel, require, require_numeric
 
 
 def _check_weights(w: np.ndarray) -> str | None:
@@ -48,7 +45,7 @@ def sample_weights(arrays: Mapping[str, ArrayInfo]) -> la.BlockArray | None:
     """The ``weights`` input as an (n,) lazy vector, checked on the workers; None without it."""
     if "weights" not in arrays:
         return None
-    w = la.from_zarr(arrays["weights"], check=CHECK_WEIGHTS)
+    w = la.from_input(arrays["weights"], check=CHECK_WEIGHTS)
     return w.sum(axis=1) if w.ndim == 2 else w
 
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from arrayjob import lazy as la
-from arrayjob.errors import InputError
-from arrayjob.jobs.base import (
+from arrayjob import api as la
+from arrayjob.api import (
     EACH_ITERATION,
+    InputError,
     Job,
     JobContext,
     JobResult,
@@ -90,13 +90,13 @@ class MTTKRP(Job):
 
     def stages(self, workers: int) -> StagePlan:
         names = MODES[self.params.mode][1]
-        X = la.from_zarr(self.arrays["X"])
+        X = la.from_input(self.arrays["X"])
         factors = tuple(la.value(n, self.arrays[n].shape) for n in names)
         M = mttkrp_program(X, self.params.mode, factors)
         return StagePlan((Pass("mttkrp", "compute", {"M": M}),))
 
     def run(self, ctx: JobContext) -> JobResult:
-        from arrayjob.io.arrays import read_whole
+        from arrayjob.api import read_whole
 
         names = MODES[self.params.mode][1]
         plan = self.stages(ctx.session.options.cluster.workers)
@@ -138,7 +138,7 @@ class CPALS(Job):
 
     def stages(self, workers: int) -> StagePlan:
         """‖X‖² at load, then each iteration one MTTKRP per mode (``mode0``, ``mode1``, ``mode2``)."""
-        X = la.from_zarr(self.arrays["X"])
+        X = la.from_input(self.arrays["X"])
         shape, F = self.arrays["X"].shape, self.params.rank
         passes = [Pass("norm", "load", {"norm_sq": (X * X).sum()})]
         for mode, (_, names) in MODES.items():

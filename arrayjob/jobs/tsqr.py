@@ -41,21 +41,21 @@ from typing import Literal, cast
 import numpy as np
 from scipy.linalg.blas import dtrsm
 
-from arrayjob import lazy as la
-from arrayjob.io.locations import StorageCounters
-from arrayjob.jobs.base import (
+from arrayjob import api as la
+from arrayjob.api import (
     Job,
     JobContext,
     JobResult,
+    Kernel,
     Pass,
     StagePlan,
+    StorageCounters,
     Written,
+    qr_flops,
     require,
     require_numeric,
+    row_grid,
 )
-from arrayjob.planner.cost import qr_flops
-from arrayjob.planner.kernel import Kernel
-from arrayjob.planner.tiling import row_grid
 
 SUB_ROWS = 2048
 COND_LIMIT = 1e6  # CholeskyQR2 only below this cond(R₁) = cond(A) (its limit is about 7·10⁷)
@@ -373,7 +373,7 @@ class TSQR(Job):
         R₁). Householder TSQR in one pass (``householder``): the method asked for, or, with
         ``fallback``, after the Gram pass when A failed the condition check. An estimate
         assumes A passes it (the fallback costs about 2.5 times the work)."""
-        A = la.from_zarr(self.arrays["A"])
+        A = la.from_input(self.arrays["A"])
         rows = block_rows_for(self, "A", workers)
         writes = {"Q": Written(A.shape, (self.arrays["A"].chunks[0], A.shape[1]), "float64")}  # by the workers
         if self.params.method == "householder" or fallback:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from arrayjob.errors import ArrayJobError, JobCodeError, blames_job
 from arrayjob.kernels.block_kernel import interpret, run_block_kernel
 from arrayjob.kernels.primitives import assemble, combine
-from arrayjob.planner.physical import Assemble, BlockKernel, Combine, WriteBlock
+from arrayjob.planner.physical import Assemble, BlockKernel, Combine, JobFunction, WriteBlock
 
 
 @functools.singledispatch
@@ -25,6 +26,31 @@ def run(body: Any, *args: Any) -> Any:
 run.register(BlockKernel, run_block_kernel)
 run.register(Assemble, assemble)
 run.register(Combine, combine)
+
+
+@run.register
+def _job_function(body: JobFunction, *args: Any) -> Any:
+    """A user's block function: what it raises, and a block unlike the one it declared, end
+    the job as the job's own error (``JobCodeError``) naming its file and line, or the output."""
+    module = getattr(body.fn, "__module__", "") or ""
+    where = f" (block function {body.name})"
+    try:
+        out = body.fn(*args)
+    except ArrayJobError:
+        raise
+    except Exception as exc:
+        if not blames_job(exc, module):
+            raise
+        raise JobCodeError.raised(exc, module, module, where) from None
+    outs = out if len(body.outputs) > 1 and isinstance(out, tuple) else (out,)
+    if len(outs) != len(body.outputs):
+        raise JobCodeError(f"job {module}{where}: returned {len(outs)} results, declared {len(body.outputs)}")
+    for i, (block, declared) in enumerate(zip(outs, body.outputs, strict=True)):
+        problem = declared.problem(block)
+        if problem is not None:
+            output = f" output {i}" if len(body.outputs) > 1 else ""
+            raise JobCodeError(f"job {module}{where}{output}: {problem}")
+    return out
 
 
 @run.register

@@ -17,8 +17,10 @@ from collections import defaultdict
 
 import numpy as np
 
+from arrayjob.errors import is_arrayjob_module
 from arrayjob.planner import ops
 from arrayjob.planner.ir import Graph, Node, blockwise_call
+from arrayjob.planner.kernel import KernelBody
 from arrayjob.planner.legality import doubled_axis_problem, partial_problem
 from arrayjob.planner.ops import Op, combine_of
 from arrayjob.planner.physical import (
@@ -28,8 +30,10 @@ from arrayjob.planner.physical import (
     BlockKernel,
     CachedBlock,
     Combine,
+    DeclaredBlock,
     DriverValue,
     InputArray,
+    JobFunction,
     Kernel,
     PhysicalPlan,
     ReductionStep,
@@ -261,6 +265,12 @@ class _Lowering:
         count = -(-first.shape[0] // in_rows[0]) if in_rows and in_rows[0] else 1
         if key not in self.blockwise_tasks:
             ids = []
+            if not isinstance(fn.fn, KernelBody) and not is_arrayjob_module(getattr(fn.fn, "__module__", "") or ""):
+                # a user's block function: the workers check what it returns against its declaration
+                promised = tuple(DeclaredBlock(m.shape, m.dtype, _blockwise(m).out_rows) if o in by_output
+                                 else DeclaredBlock((), "object", None)
+                                 for o in range(max(by_output) + 1) for m in [by_output.get(o, (v, n))[1]])
+                fn = dataclasses.replace(fn, fn=JobFunction(fn.fn, fn.name, promised))
             for i in range(count):
                 args = []
                 for j, u in enumerate(n.inputs):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+import numpy as np
 
 from arrayjob.io.locations import ArrayInfo, StorageOptions
 from arrayjob.planner.kernel import Kernel, KernelBody
@@ -106,6 +108,45 @@ class WriteBlock(KernelBody):
     target: ArrayInfo
     options: StorageOptions
     selection: Selection
+
+
+@dataclass(frozen=True)
+class DeclaredBlock:
+    """What a job declared one output of its block function to be (``lazy.map_blocks``): the
+    whole output's shape and dtype, and its rows per block (None: one block, the whole)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    rows: int | None
+
+    def problem(self, block: object) -> str | None:
+        """What is wrong with ``block`` as a block of this output, or None."""
+        if self.dtype == "object":  # opaque blocks (a graph's CSR matrices): nothing to compare
+            return None
+        if not isinstance(block, np.ndarray | np.generic):
+            return f"returned a {type(block).__name__}, declared a {self.dtype} array"
+        shape = tuple(block.shape)
+        if self.rows is None:
+            if shape != self.shape:
+                return f"returned shape {shape}, declared {self.shape} (one block, the whole output)"
+        else:
+            last = self.shape[0] - (-(-self.shape[0] // self.rows) - 1) * self.rows
+            if len(shape) != len(self.shape) or shape[1:] != self.shape[1:] or shape[0] not in (self.rows, last):
+                return f"returned shape {shape}, declared blocks of {self.rows} rows of {self.shape}"
+        if str(block.dtype) != self.dtype:
+            return f"returned dtype {block.dtype}, declared {self.dtype}"
+        return None
+
+
+@dataclass(frozen=True)
+class JobFunction(KernelBody):
+    """A user's job's own block function (``lazy.map_blocks``) and what it declared of each
+    output: the workers check every block it returns (``arrayjob.kernels``), so a wrong shape
+    or dtype is named at the first block, not met later deep in the runtime."""
+
+    fn: Callable[..., object]
+    name: str
+    outputs: tuple[DeclaredBlock, ...]
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from arrayjob import __version__
 from arrayjob.runtime.metrics import RunMetrics, driver_peak_rss_bytes
 
 if TYPE_CHECKING:
+    from arrayjob.api.job import JobResult
     from arrayjob.costing.prices import Instance, PriceTable
-    from arrayjob.jobs.base import JobResult
     from arrayjob.runtime.cluster import ClusterInfo
     from arrayjob.spec import JobSpec
 

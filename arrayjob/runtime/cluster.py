@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, redirect_stdout, suppress
 from dataclasses import dataclass, field
 from typing import Any, TextIO, cast
@@ -301,8 +301,14 @@ def _private_processes() -> dict[str, int]:
 
 
 @contextmanager
-def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None = None) -> Iterator[ClusterInfo]:
+def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None = None,
+                code: Sequence[str] = ()) -> Iterator[ClusterInfo]:
     """Connect to (or start) Ray for one job; a Ray already initialised in-process is reused.
+
+    ``code``: the directories of packages (or files of modules) of a user's job, sent to the
+    workers of a Ray this connects to (Ray's runtime environment, ``py_modules``), unless this
+    process runs as a Ray job whose runtime environment brought them (``arrayjob submit``). A
+    local Ray's workers import what this process imports (its PYTHONPATH, its directory).
 
     ``before_exit`` runs if a dying private Ray ends the process before the job can unwind
     (its raylet died: Ray's driver would end it within moments): e.g. giving up the output.
@@ -347,6 +353,8 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
     else:
         _check_reachable(options.address)
         kwargs["address"] = options.address
+        if code and not os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+            kwargs["runtime_env"] = {"py_modules": list(code)}
         kwargs.pop("include_dashboard")
     watch = None
     try:

@@ -12,7 +12,7 @@ import numpy as np
 
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import ResultGroup
-from arrayjob.io.checkpoint import Checkpoints
+from arrayjob.io.checkpoint import Checkpoint, Checkpoints
 from arrayjob.io.locations import ArrayInfo, StorageCounters, StorageOptions
 from arrayjob.io.model import PublishedModel
 from arrayjob.lazy import BlockArray, store
@@ -120,6 +120,51 @@ class JobContext:
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     _targets: dict[str, ArrayInfo] = field(default_factory=dict, repr=False)
 
+    # what a job does through its context: each call is the session's or the run's own
+
+    @property
+    def workers(self) -> int:
+        """The workers (CPUs) the run plans for: what ``Job.stages`` is given."""
+        return self.session.options.cluster.workers
+
+    def compute(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None
+                ) -> dict[str, np.ndarray]:
+        """Plan (cached by the program's structure) and run ``outputs``; ``values`` binds each
+        ``value(name, ...)`` of the program. Returns the outputs as NumPy arrays."""
+        return self.session.compute(outputs, values)
+
+    def load(self, outputs: Mapping[str, BlockArray]) -> None:
+        """Read the stored blocks ``outputs`` need into the workers' memory, before the fit."""
+        self.session.load(outputs)
+
+    def persist(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None,
+                handle: str | None = None) -> dict[str, BlockArray]:
+        """Run ``outputs`` and keep their blocks on the workers; later programs read them as
+        the returned lazy arrays. ``release`` frees them."""
+        return self.session.persist(outputs, values, handle)
+
+    def release(self, arrays: Mapping[str, BlockArray]) -> None:
+        """Free the kept blocks of ``arrays`` (made by ``persist``)."""
+        self.session.release(arrays)
+
+    def stage(self, name: str) -> Any:
+        """``with ctx.stage("fit"):`` — time and count what runs inside as that stage of the report."""
+        return self.metrics.stage(name)
+
+    def iteration(self, iteration: int, max_iter: int, **figures: float) -> None:
+        """Report progress: ``iteration`` (from 1) of at most ``max_iter``, with figures such as
+        ``objective=`` or ``gradient_norm=``."""
+        self.metrics.iteration(iteration, max_iter, **figures)
+
+    def restore(self) -> Checkpoint | None:
+        """The checkpoint a dead run of this spec left, to go on from (call once, after load)."""
+        return self.checkpoints.restore()
+
+    def checkpoint(self, iteration: int, state: Mapping[str, Any]) -> None:
+        """The end of ``iteration``: save ``state`` (NumPy arrays and JSON scalars) if due
+        (``[run] checkpoint_every``)."""
+        self.checkpoints.tick(iteration, dict(state))
+
     def writing(self, p: Pass) -> dict[str, BlockArray]:
         """The program of ``p`` with its ``writes`` written into result.zarr by the workers
         (each array created once per run)."""
@@ -140,6 +185,11 @@ class JobResult:
 
 
 class Job(ABC):
+    """A job: its ``inputs`` (the spec's ``[inputs]`` keys), its ``Params`` (a dataclass the
+    spec's ``[params]`` fill; a field's ``metadata`` may hold ``check`` and ``expect``), a
+    check of the inputs' shapes (``check_inputs``), the programs it runs (``stages``) and the
+    run itself (``run``). ``name`` and ``title`` default to the class's name."""
+
     name: ClassVar[str]
     title: ClassVar[str]
     inputs: ClassVar[tuple[str, ...]]
@@ -151,6 +201,13 @@ class Job(ABC):
     # inputs that name a published arrayjob output, not an array: opened as models (``io.model``)
     model_inputs: ClassVar[tuple[str, ...]] = ()
     Params: ClassVar[type]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__ and not hasattr(cls, "name"):
+            cls.name = cls.__name__.lower()
+        if "title" not in cls.__dict__ and not hasattr(cls, "title"):
+            cls.title = cls.__name__
 
     def __init__(self, params: Any, arrays: Mapping[str, ArrayInfo], storage: StorageOptions | None = None,
                  models: Mapping[str, PublishedModel] | None = None) -> None:
