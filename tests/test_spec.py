@@ -55,7 +55,7 @@ MALFORMED = [
      "params.solver: expected one of 'lbfgs', 'newton', got 'sgd'"),
     ("unknown algorithm", GOOD.replace('"logreg"', '"svm"'), [],
      "job.algorithm: unknown algorithm 'svm' (expected one of: als, cp_als, gmm, kmeans, linreg, logreg, mttkrp, pagerank, "
-     "pca, predict, tsqr)"),
+     "pca, predict, tsqr, or a job class as \"module:Class\")"),
     ("bad job name", GOOD.replace('name = "t"', 'name = "my job"'), [],
      "job.name: expected 1-128 letters, digits, '.', '_' or '-', got 'my job'"),
     ("missing input", GOOD.replace('y = "data/y.zarr"\n', ""), [],
