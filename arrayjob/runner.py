@@ -278,7 +278,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             shape = dataclasses.replace(cluster_shape(cluster), **profile.placement_rates())
             session = Session(executor, plan_options(spec, shape, job, budget), budget=budget)
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
-            result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints))
+            result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints, spec.output_format))
             metrics.count_storage(group.counters)
             metrics.streaming.budget_bytes = budget.bytes
             metrics.streaming.resident_fraction = resident_fraction(session.residencies)

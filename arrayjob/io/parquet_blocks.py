@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import io
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,12 +38,37 @@ def read_table_block(info: ArrayInfo, selection: tuple[slice, ...],
     rows = selection[0]
     cols = selection[1] if len(selection) > 1 else slice(0, 1)
     counters = StorageCounters()
+    names = list(layout.columns) if layout.list_size is not None else list(layout.columns[cols])
+    out = np.empty((rows.stop - rows.start, cols.stop - cols.start))
+    for i, lo, hi, table in _row_groups(info, rows, cols, names, options, counters):
+        values = _values(info, table, names, i, lo)
+        out[lo - rows.start:hi - rows.start] = values[:, cols] if layout.list_size is not None else values
+    return (out[:, 0] if len(info.shape) == 1 else out), counters
+
+
+def read_table_column(info: ArrayInfo, rows: slice, options: StorageOptions) -> tuple[pa.ChunkedArray, StorageCounters]:
+    """Rows ``rows`` of the one column of ``info`` (an input's id column, ``ArrayInfo.ids``) as
+    Arrow stores them, of whatever type, nulls and all; and the requests it took, one ranged
+    GET per row group, as ``read_table_block``."""
+    layout = info.table
+    assert layout is not None
+    counters = StorageCounters()
+    parts = [table.column(0) for _, _, _, table in
+             _row_groups(info, rows, slice(0, 1), list(layout.columns), options, counters)]
+    return pa.chunked_array([c for part in parts for c in part.chunks], type=parts[0].type), counters
+
+
+def _row_groups(info: ArrayInfo, rows: slice, cols: slice, names: list[str], options: StorageOptions,
+                counters: StorageCounters) -> Iterator[tuple[int, int, int, pa.Table]]:
+    """For each row group rows ``rows`` overlap: its index, the rows [lo, hi) of the dataset it
+    gives, and those rows of columns ``names``, decoded from byte ranges fetched first, one GET
+    each (``TableLayout.ranges``), counted into ``counters``."""
+    layout = info.table
+    assert layout is not None
     backend = backend_for(info.location, options)
     fetched: dict[int, dict[int, bytes]] = {}
     for file, start, stop in layout.ranges(rows, cols):
         fetched.setdefault(file, {})[start] = _fetch(info, backend, file, start, stop, counters)
-    names = list(layout.columns) if layout.list_size is not None else list(layout.columns[cols])
-    out = np.empty((rows.stop - rows.start, cols.stop - cols.start))
     for i in layout.groups(rows.start, rows.stop):
         group, first = layout.row_groups[i], layout.offsets[i]
         lo, hi = max(rows.start, first), min(rows.stop, first + group.rows)
@@ -56,9 +82,7 @@ def read_table_block(info: ArrayInfo, selection: tuple[slice, ...],
         except Exception as exc:  # noqa: BLE001 - pyarrow could not decode what was read
             raise InputError(f"inputs.{info.name}: row group {group.index} of {_file(info, group.file)} is corrupt: "
                              f"{describe_failure(exc)}") from None
-        values = _values(info, table.slice(lo - first, hi - lo), names, i, lo)
-        out[lo - rows.start:hi - rows.start] = values[:, cols] if layout.list_size is not None else values
-    return (out[:, 0] if len(info.shape) == 1 else out), counters
+        yield i, lo, hi, table.slice(lo - first, hi - lo)
 
 
 def _file(info: ArrayInfo, file: int) -> Location:

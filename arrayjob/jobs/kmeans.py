@@ -37,7 +37,7 @@ import scipy.sparse
 from arrayjob import lazy as la
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import open_array_info, read_block, read_whole
-from arrayjob.io.locations import ArrayInfo, StorageCounters, StorageOptions, parse_uri
+from arrayjob.io.locations import ArrayInfo, StorageOptions, parse_uri
 from arrayjob.jobs.base import (
     EACH_ITERATION,
     Job,
@@ -97,6 +97,7 @@ class KMeans(Job):
     title = "k-means"
     inputs = ("X",)
     sparse_inputs = ("X",)
+    row_input = "X"  # labels, one per row of X
     Params = KMeansParams
     params: KMeansParams
 
@@ -123,7 +124,7 @@ class KMeans(Job):
             Pass("stats", "load", {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}),
             Pass("step", "fit", kmeans_program(X, self.params.k, final=False), EACH_ITERATION),
             Pass("final", "fit", kmeans_program(X, self.params.k, final=True, sparse=self.arrays["X"].sparse is not None),
-                 writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64")}),
+                 writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64", self.arrays["X"])}),
         ))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
@@ -169,8 +170,7 @@ class KMeans(Job):
             arrays = {"centroids": centroids}
             if ctx.result is not None:  # labels (8n bytes) are written by the workers
                 r = ctx.session.compute(ctx.writing(plan.pass_named("final")), values)
-                ctx.metrics.count_storage(StorageCounters(bytes_written=int(r["labels"][0]),
-                                                          put_requests=int(r["labels"][1])))
+                ctx.count_writes(plan.pass_named("final"), r)
             else:
                 r = ctx.session.compute(final, values)
                 arrays["labels"] = r["labels"]

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from arrayjob.io.locations import ArrayInfo, StorageOptions
+from arrayjob.io.locations import ArrayInfo, StorageOptions, TableTarget
 from arrayjob.planner.kernel import Kernel, KernelBody
 from arrayjob.planner.ops import Op, OpAttrs
 
@@ -97,13 +97,15 @@ class Combine(KernelBody):
 
 @dataclass(frozen=True)
 class WriteBlock(KernelBody):
-    """Write one block into a stored array; the task returns [bytes written, PUTs].
+    """Write one block into a stored array; the task returns [bytes written, PUTs]. Into a
+    Parquet output (a ``TableTarget``): one file, and [bytes written, PUTs, bytes read, GETs],
+    the reads those of the input's id column.
 
     Blocks cover whole chunks, so concurrent writers never touch the same chunk, and a
     retried task rewrites the same bytes (idempotent).
     """
 
-    target: ArrayInfo
+    target: ArrayInfo | TableTarget
     options: StorageOptions
     selection: Selection
 
