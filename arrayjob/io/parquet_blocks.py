@@ -165,7 +165,9 @@ def _values(info: ArrayInfo, table: pa.Table, names: list[str], group: int, firs
         if nulls.any() and not zero:
             raise _null(info, names[0], group, first_row + int(np.argmax(nulls)))
         matrix = np.asarray(pc.fill_null(values, 0).to_numpy(zero_copy_only=False), dtype=np.float64).reshape(-1, k)
-        matrix[null_lists] = 0.0
+        if null_lists.any():  # (without nulls, pyarrow's array is read-only: never written to)
+            matrix = matrix.copy()
+            matrix[null_lists] = 0.0
         return matrix
     out = np.empty((table.num_rows, len(names)))
     for j, name in enumerate(names):
