@@ -123,6 +123,10 @@ TARGETS: dict[str, tuple[str, Callable[[Row, list[Row]], bool | None]]] = {
     "S3 load": (">= 90% of raw parallel GET throughput",
                 lambda aj, rows: None if not aj.limit_s or not aj.compute_s else aj.limit_s / aj.compute_s >= 0.9),
     "end-to-end demo job": ("< 15 s wall", lambda aj, rows: None if aj.compute_s is None else aj.compute_s < 15.0),
+    # benchmarks/parquet.py: the limit is arrayjob's own load of the same data from Zarr
+    "Parquet load": ("<= one pyarrow process's to_table, and <= 1.2× arrayjob's Zarr load",
+                     lambda aj, rows: None if aj.ratio_best_peer is None or aj.ratio_limit is None
+                     else aj.ratio_best_peer <= 1.0 and aj.ratio_limit <= 1.2),
 }
 
 
