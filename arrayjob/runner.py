@@ -27,7 +27,7 @@ from arrayjob.io.model import PublishedModel, open_model
 from arrayjob.io.output import JobOutput
 from arrayjob.io.sparse import is_sparse_group, open_sparse_info
 from arrayjob.jobs import JOBS, get_job
-from arrayjob.jobs.base import Job, JobContext, JobResult
+from arrayjob.jobs.base import Job, JobContext, JobResult, check_tables
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import Residency, StreamRates
 from arrayjob.report import html as report_html
@@ -164,6 +164,7 @@ def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
     arrays = open_inputs(spec, reads, models)
     job = get_job(spec.algorithm)(spec.params, arrays, spec.storage, models)  # shapes and dtypes first
     job.metadata_reads = reads
+    check_tables(job, spec.output_format)
     if check_chunks:
         check_inputs(job)
     return job

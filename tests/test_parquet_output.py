@@ -200,3 +200,14 @@ def test_a_missing_id_column_is_one_line_exit_2_and_nothing_written(workdir, cap
     assert code == 2 and err.startswith("arrayjob: error: inputs.X.id_column: column 'user_id' is not in ") \
         and err.count("\n") == 1, err
     assert not (base / "out").exists()
+    # an id column named as the output column it would be written beside
+    named = write_spec(workdir / "named.toml", inputs={"X": {"uri": str(base / "features"), "columns": "f*",
+                                                              "id_column": "f0"}},
+                       output=str(base / "out"), algorithm="kmeans", params=KMEANS, output_format="parquet")
+    named.write_text(named.read_text().replace('"f0"', '"labels"'))
+    write_parquet(str(base / "features"), [t.rename_columns([*t.column_names[:-1], "labels"])
+                                           for t in feature_tables(_blobs(), None, SIZES)], row_group_size=250)
+    code, out, err = run_cli(["run", str(named)], capsys)
+    assert code == 2 and err.startswith("arrayjob: error: inputs.X.id_column: 'labels' is also the name of the "
+                                        "output column") and err.count("\n") == 1, err
+    assert not (base / "out").exists()

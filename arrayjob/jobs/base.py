@@ -149,9 +149,6 @@ class JobContext:
                 continue
             target = w.target(name, self.result.location, self.output_format)
             if isinstance(target, TableTarget):
-                if target.ids is not None and target.ids.table is not None and target.ids.table.columns[0] == name:
-                    raise InputError(f"inputs.{w.rows.name if w.rows else 'X'}.id_column: {name!r} is the name of "
-                                     "the output column it is written beside; rename one")
                 self._targets[name] = target
             else:
                 self._targets[name] = self.result.create_array(name, shape=w.shape, chunks=w.chunks, dtype=w.dtype)
@@ -248,6 +245,19 @@ class Job(ABC):
         """One line: what this job does to what."""
         shapes = ", ".join(f"{n} {' × '.join(f'{s:,}' for s in a.shape)}" for n, a in self.arrays.items())
         return f"{self.title} on {shapes}"
+
+
+def check_tables(job: Job, output_format: str) -> None:
+    """Before a run: each per-row output written as Parquet can hold its rows' id column
+    beside it (the two columns must have different names)."""
+    if output_format != "parquet":
+        return
+    for p in job.stages(1).passes:
+        for name, w in p.writes.items():
+            ids = w.rows.ids() if w.rows is not None else None
+            if ids is not None and ids.table is not None and ids.table.columns[0] == name:
+                raise InputError(f"inputs.{w.rows.name if w.rows else 'X'}.id_column: {name!r} is also the name "
+                                 f"of the output column written beside it ({name}/part-*.parquet); rename one")
 
 
 def require(condition: bool, message: str) -> None:
