@@ -41,8 +41,11 @@ def read_table_block(info: ArrayInfo, selection: tuple[slice, ...],
     names = list(layout.columns) if layout.list_size is not None else list(layout.columns[cols])
     out = np.empty((rows.stop - rows.start, cols.stop - cols.start))
     for i, lo, hi, table in _row_groups(info, rows, cols, names, options, counters):
-        values = _values(info, table, names, i, lo)
-        out[lo - rows.start:hi - rows.start] = values[:, cols] if layout.list_size is not None else values
+        into = out[lo - rows.start:hi - rows.start]
+        if layout.list_size is not None:
+            into[:] = _values(info, table, names, i, lo)[:, cols]
+        else:  # straight into the block: no matrix per row group copied once more
+            _values(info, table, names, i, lo, into)
     return (out[:, 0] if len(info.shape) == 1 else out), counters
 
 
@@ -133,10 +136,12 @@ class _Fetched(io.RawIOBase):
         self._position = base + offset
         return self._position
 
-    def read(self, size: int | None = -1) -> bytes:
+    def read(self, size: int | None = -1) -> Any:
+        """Bytes ``size`` from the position: a view of the fetched bytes, not a copy (pyarrow
+        takes any buffer; slicing ``bytes`` would copy each column chunk once more)."""
         start = self._position
         stop = self._size if size is None or size < 0 else min(self._size, start + size)
-        data = next((part[start - at:stop - at] for at, part in self._parts.items()
+        data = next((memoryview(part)[start - at:stop - at] for at, part in self._parts.items()
                      if at <= start and stop <= at + len(part)), None)
         if data is None:
             data = self._fetch(start, stop)
@@ -149,10 +154,12 @@ class _Fetched(io.RawIOBase):
         return len(data)
 
 
-def _values(info: ArrayInfo, table: pa.Table, names: list[str], group: int, first_row: int) -> np.ndarray:
+def _values(info: ArrayInfo, table: pa.Table, names: list[str], group: int, first_row: int,
+            into: np.ndarray | None = None) -> np.ndarray:
     """The rows of ``table`` (from row ``first_row`` of the dataset, in row group ``group``) as a
-    float64 matrix, one column per name (a FixedSizeList column: one per element); a null is
-    refused or read as 0, as ``nulls`` says."""
+    float64 matrix, one column per name (a FixedSizeList column: one per element), written
+    ``into`` that matrix if given (not for a FixedSizeList); a null is refused or read as 0,
+    as ``nulls`` says."""
     layout = info.table
     assert layout is not None
     zero = layout.selection.nulls == "zero"
@@ -169,7 +176,7 @@ def _values(info: ArrayInfo, table: pa.Table, names: list[str], group: int, firs
             matrix = matrix.copy()
             matrix[null_lists] = 0.0
         return matrix
-    out = np.empty((table.num_rows, len(names)))
+    out = np.empty((table.num_rows, len(names))) if into is None else into
     for j, name in enumerate(names):
         column = table.column(name)
         if column.null_count:
