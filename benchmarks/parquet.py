@@ -14,7 +14,7 @@ are read as the same 16 blocks. Sizes: ``full`` (the issue's: 4,000,000 rows, 2.
 groups of 250,000 rows, 128 MB), ``quick`` (400,000 rows, 12.8 MB row groups) and ``tiny``
 (16,000 rows: tests/test_bench_parquet.py runs it).
 
-Rows (all load seconds; the median of ``--repeat`` runs, each after the files were read once):
+Rows (all load seconds; the median of ``--repeat`` runs after a warm-up run of each):
 
 - *arrayjob (Parquet)*: the load stage of a run of KMeans (k = 2, one iteration) with
   ``X = { uri = …, columns = "f*" }``, from its report: every row block read by a worker into
@@ -135,6 +135,8 @@ def main() -> int:
              configure_logging=False)  # one Ray for every run: the runner reuses it
     loads: dict[str, list[float]] = {"parquet": [], "zarr": []}
     reads: dict[str, dict[str, Any]] = {}
+    for kind in loads:  # a warm-up of each: the workers start and import zarr, pyarrow, numba
+        arrayjob_load(work, kind)
     for _ in range(args.repeat):  # alternated, so both see the same load on the machine
         for kind in loads:
             seconds, reads[kind] = arrayjob_load(work, kind)
