@@ -86,9 +86,10 @@ deploy-examples: $(VENV)/.installed-test
 	$(BIN)/python deploy/examples.py
 
 # arrayjob against its peers and the machine's limits, then jobs bigger than the object store,
-# then sparse X against scikit-learn, then issue 26's models against scikit-learn (docs/benchmarks.md).
-# bench.py's full size takes about 10 minutes on 2 cores (the sparse rows' full size is not timed yet);
-# `make bench BENCH_SIZE=quick` a few. models.py has no full size yet: it runs quick for full.
+# then sparse X against scikit-learn, then issue 26's models against scikit-learn, then Parquet loads
+# against pyarrow (docs/benchmarks.md). bench.py's full size takes about 10 minutes on 2 cores (the
+# sparse rows' full size is not timed yet); `make bench BENCH_SIZE=quick` a few. models.py has no
+# full size yet: it runs quick for full.
 BENCH_SIZE ?= full
 MODELS_SIZE = $(if $(filter full,$(BENCH_SIZE)),quick,$(BENCH_SIZE))
 BENCH_ARGS ?=
@@ -101,6 +102,8 @@ bench: $(VENV)/.installed-bench
 		--markdown .arrayjob/bench/sparse-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/models.py --size $(MODELS_SIZE) --json .arrayjob/bench/models-$(MODELS_SIZE).json \
 		--markdown .arrayjob/bench/models-$(MODELS_SIZE).md
+	$(BIN)/python benchmarks/parquet.py --size $(BENCH_SIZE) --json .arrayjob/bench/parquet-$(BENCH_SIZE).json \
+		--markdown .arrayjob/bench/parquet-$(BENCH_SIZE).md
 
 # report.html as a person sees it: the demo's published report rendered by headless Chromium
 # (Debian's package, installed if missing; the page runs no JavaScript), saved as a PNG.

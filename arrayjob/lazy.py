@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from arrayjob.io.locations import ArrayInfo, StorageOptions
+from arrayjob.io.locations import ArrayInfo, StorageOptions, TableTarget
 from arrayjob.planner import ops
 from arrayjob.planner.ir import Graph, Node, infer_shape, sparsity_of
 from arrayjob.planner.kernel import Kernel, Work
@@ -350,14 +350,17 @@ def map_blocks(kernel: Kernel, *arrays: BlockArray,
     )
 
 
-def store(x: BlockArray, target: ArrayInfo, options: StorageOptions) -> BlockArray:
-    """Write ``x`` into the existing Zarr array ``target``, block by block, on the workers.
+def store(x: BlockArray, target: ArrayInfo | TableTarget, options: StorageOptions) -> BlockArray:
+    """Write ``x`` into the existing Zarr array ``target``, block by block, on the workers;
+    or, into a ``TableTarget``, as a Parquet dataset of one file per block (``io.table_writer``).
 
-    Computes to [bytes written, PUT requests]. ``target``'s chunks must tile ``x``'s blocks.
+    Computes to [bytes written, PUT requests] (a Parquet target: and [bytes read, GET
+    requests], its id column's). ``target``'s chunks must tile ``x``'s blocks.
     """
     if tuple(target.shape) != x.shape:
         raise ValueError(f"store: {target.uri} has shape {target.shape}, the array has {x.shape}")
-    return BlockArray(Op.STORE, (x,), (2,), "int64", ops.Store(target, options))
+    counts = 4 if isinstance(target, TableTarget) else 2
+    return BlockArray(Op.STORE, (x,), (counts,), "int64", ops.Store(target, options))
 
 
 # capturing a graph -------------------------------------------------------------------------

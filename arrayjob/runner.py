@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrayjob.api.job import Job, JobContext, JobResult
+from arrayjob.api.job import Job, JobContext, JobResult, check_tables
 from arrayjob.catalog import get_job, job_code
 from arrayjob.costing.estimate import Estimate, estimate_job, job_block_target, stream_rates
 from arrayjob.costing.prices import load_prices
@@ -167,6 +167,7 @@ def prepare(spec: JobSpec, *, check_chunks: bool = False) -> Job:
     arrays = open_inputs(spec, reads, models)
     job = get_job(spec.algorithm)(spec.params, arrays, spec.storage, models)  # shapes and dtypes first
     job.metadata_reads = reads
+    check_tables(job, spec.output_format)
     if check_chunks:
         check_inputs(job)
     return job
@@ -293,7 +294,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
             shape = dataclasses.replace(cluster_shape(cluster), **profile.placement_rates())
             session = Session(executor, plan_options(spec, shape, job, budget), budget=budget)
             group = ResultGroup(output.staging.join("result.zarr"), spec.storage)
-            result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints))
+            result = job.run(JobContext(session, metrics, spec.storage, group, checkpoints, spec.output_format))
             metrics.count_storage(group.counters)
             metrics.streaming.budget_bytes = budget.bytes
             metrics.streaming.resident_fraction = resident_fraction(session.residencies)

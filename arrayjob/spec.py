@@ -102,6 +102,8 @@ class JobSpec:
     tables: Mapping[str, TableSelection] = field(default_factory=dict)
     run: RunOptions = field(default_factory=RunOptions)
     tracking: TrackingOptions = field(default_factory=TrackingOptions)
+    # ``[output] format``: "zarr" (result.zarr only), or "parquet": per-row outputs as tables
+    output_format: str = "zarr"
 
     def digest(self) -> str:
         """What identifies the result: job, inputs, params and output (not where or how it ran)."""
@@ -272,7 +274,8 @@ def table_to_dataclass(cls: type, table: Any, section: str) -> Any:
 MISSING_CHUNKS = typing.Literal["error", "fill"]
 FORMATS = typing.Literal["zarr", "parquet"]
 NULLS = typing.Literal["error", "zero"]
-_TABLE_KEYS = ("columns", "column", "nulls")
+_TABLE_KEYS = ("columns", "column", "nulls", "id_column")
+OUTPUT_FORMATS = typing.Literal["zarr", "parquet"]
 
 
 @dataclass(frozen=True)
@@ -318,21 +321,24 @@ def _table_selection(value: dict[str, Any], key: str) -> TableSelection:
     """``columns`` (names, or one string: a glob, or a name), ``column`` or neither; ``nulls``."""
     columns, column = value.get("columns"), value.get("column")
     nulls = _coerce(value.get("nulls", "error"), NULLS, f"{key}.nulls")
+    ids = value.get("id_column")
+    if ids is not None and (not isinstance(ids, str) or not ids):
+        raise SpecError(f"{key}.id_column: expected a column name, got {ids!r}")
     if column is not None:
         if columns is not None:
             raise SpecError(f"{key}.column: give columns (a matrix) or column (a vector), not both")
         if not isinstance(column, str) or not column:
             raise SpecError(f"{key}.column: expected a column name, got {column!r}")
-        return TableSelection(column=column, nulls=nulls)
+        return TableSelection(column=column, nulls=nulls, id_column=ids)
     if isinstance(columns, str) and any(c in columns for c in GLOB_CHARACTERS):
-        return TableSelection(glob=columns, nulls=nulls)
+        return TableSelection(glob=columns, nulls=nulls, id_column=ids)
     names = (columns,) if isinstance(columns, str) else columns if columns is not None else []
     if not isinstance(names, list | tuple) or (columns is not None and not names) or \
             not all(isinstance(c, str) and c for c in names):
         raise SpecError(f"{key}.columns: expected a list of column names or a glob such as \"f*\", got {columns!r}")
     if twice := next((c for i, c in enumerate(names) if c in names[:i]), None):
         raise SpecError(f"{key}.columns: {twice!r} is named twice")
-    return TableSelection(columns=tuple(names), nulls=nulls)
+    return TableSelection(columns=tuple(names), nulls=nulls, id_column=ids)
 
 
 def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = None,
@@ -390,9 +396,12 @@ def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = 
     output_table = raw.get("output")
     if not isinstance(output_table, dict) or "uri" not in output_table:
         raise SpecError("output.uri: required key is missing")
-    if set(output_table) - {"uri"}:
-        raise SpecError(f"output.{sorted(set(output_table) - {'uri'})[0]}: unknown key (expected: uri)")
+    if set(output_table) - {"uri", "format"}:
+        raise SpecError(f"output.{sorted(set(output_table) - {'uri', 'format'})[0]}: unknown key "
+                        "(expected one of: uri, format)")
     output = parse_uri(_coerce(output_table["uri"], str, "output.uri"), key="output.uri", base=where("output.uri"))
+    output_format = _coerce(output_table.get("format", "zarr"), OUTPUT_FORMATS, "output.format")
+    check_row_outputs(job_class, output_format, entries)
     for input_name, location in inputs.items():
         location = split_glob(location)[0]  # a glob's files lie under its directory
         if _within(location, output):
@@ -425,7 +434,26 @@ def validate(raw: dict[str, Any], source: str = "<spec>", *, base: str | None = 
         tables={n: e.table for n, e in entries.items() if e.format != "zarr"},
         run=run,
         tracking=tracking,
+        output_format=output_format,
     )
+
+
+def check_row_outputs(job_class: Any, output_format: str, entries: Mapping[str, InputEntry]) -> None:
+    """A Parquet output needs a job with per-row outputs (``Job.row_input``); an id column is
+    carried into one, from the input those rows follow, and nowhere else."""
+    follows = job_class.row_input
+    if output_format == "parquet" and follows is None:
+        raise SpecError(f"output.format: {job_class.name} writes no per-row outputs to write as Parquet "
+                        "(format = \"parquet\" is for kmeans labels, gmm labels, pca scores and predict's scores)")
+    for name, entry in entries.items():
+        if entry.table.id_column is None:
+            continue
+        if name != follows:
+            raise SpecError(f"inputs.{name}.id_column: {job_class.name} writes no rows that follow inputs.{name}"
+                            + (f" (its per-row outputs follow inputs.{follows})" if follows else ""))
+        if output_format != "parquet":
+            raise SpecError(f"inputs.{name}.id_column: ids are written only into a Parquet output; "
+                            "add format = \"parquet\" to [output]")
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None) -> JobSpec:

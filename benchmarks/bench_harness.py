@@ -128,6 +128,10 @@ TARGETS: dict[str, tuple[str, Callable[[Row, list[Row]], bool | None]]] = {
     **{workload: ("faster than every peer", _faster_than_best(1.0))
        for workload in ("multinomial logreg", "elastic-net logreg", "elastic-net linreg", "PCA", "GMM", "ALS",
                         "predict")},
+    # benchmarks/parquet.py: the limit is arrayjob's own load of the same data from Zarr
+    "Parquet load": ("<= one pyarrow process's to_table, and <= 1.2× arrayjob's Zarr load",
+                     lambda aj, rows: None if aj.ratio_best_peer is None or aj.ratio_limit is None
+                     else aj.ratio_best_peer <= 1.0 and aj.ratio_limit <= 1.2),
 }
 
 

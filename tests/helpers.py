@@ -160,9 +160,9 @@ def multinomial_data(n: int = 3000, d: int = 5, classes: int = 3, seed: int = 0)
 
 
 def write_spec(path: Path, *, inputs: dict[str, Any], output: str, algorithm: str = "logreg",
-               params: str = "", storage: str = "", extra: str = "") -> Path:
+               params: str = "", storage: str = "", extra: str = "", output_format: str | None = None) -> Path:
     """A spec file; an input is a URI, or a dict written as an inline table (strings and lists
-    of strings: ``{"uri": "…", "columns": ["f0"]}``)."""
+    of strings: ``{"uri": "…", "columns": ["f0"]}``); ``output_format``: ``[output] format``."""
     body = textwrap.dedent(f"""\
         [job]
         name = "test-{algorithm}"
@@ -175,6 +175,8 @@ def write_spec(path: Path, *, inputs: dict[str, Any], output: str, algorithm: st
             if isinstance(v, dict) else f'"{v}"'
         body += f"{k} = {value}\n"
     body += f"\n[params]\n{textwrap.dedent(params)}\n[output]\nuri = \"{output}\"\n"
+    if output_format is not None:
+        body += f"format = \"{output_format}\"\n"
     if storage:
         body += f"\n[storage]\n{textwrap.dedent(storage)}\n"
     body += textwrap.dedent(extra)

@@ -13,7 +13,7 @@ import numpy as np
 from arrayjob.errors import InputError
 from arrayjob.io.arrays import ResultGroup
 from arrayjob.io.checkpoint import Checkpoint, Checkpoints
-from arrayjob.io.locations import ArrayInfo, StorageCounters, StorageOptions
+from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions, TableTarget
 from arrayjob.io.model import PublishedModel
 from arrayjob.lazy import BlockArray, store
 from arrayjob.runtime.metrics import RunMetrics
@@ -40,11 +40,28 @@ EACH_ITERATION = Runs(once=0, per_iteration=1)
 class Written:
     """An output of a pass the workers write into the result, block by block (``lazy.store``):
     the array it is written into. A run creates it in result.zarr; an estimate plans the same
-    writes without creating anything."""
+    writes without creating anything. ``rows``: the input whose rows these are, one value (or
+    row of values) per input row, for a per-row output (KMeans' labels): with ``[output]
+    format = "parquet"`` it is written as a Parquet dataset beside result.zarr instead, with
+    that input's id column, if it has one (``table``)."""
 
     shape: tuple[int, ...]
     chunks: tuple[int, ...]
     dtype: str
+    rows: ArrayInfo | None = None
+
+    def table(self, name: str, prefix: Location) -> TableTarget:
+        """Where the run whose files are under ``prefix`` writes this output as Parquet:
+        ``<prefix>/<name>/part-*.parquet``."""
+        assert self.rows is not None, f"{name}: not a per-row output"
+        return TableTarget(name, prefix.join(name), self.shape, self.dtype, self.chunks, self.rows.ids())
+
+    def target(self, name: str, result: Location, output_format: str) -> ArrayInfo | TableTarget:
+        """What the workers write into, for a run whose result.zarr is at ``result``: a Zarr array
+        in it (as ``ResultGroup.create_array`` creates it), or a Parquet dataset beside it."""
+        if output_format == "parquet" and self.rows is not None:
+            return self.table(name, result.parent)
+        return ArrayInfo(name, result.join(name), self.shape, str(np.dtype(self.dtype)), self.chunks, 3)
 
 
 @dataclass(frozen=True)
@@ -64,7 +81,8 @@ class Pass:
     releases: tuple[str, ...] = ()
     writes: Mapping[str, Written] = field(default_factory=dict)  # outputs the workers write
 
-    def writing(self, targets: Mapping[str, ArrayInfo], storage: StorageOptions) -> dict[str, BlockArray]:
+    def writing(self, targets: Mapping[str, ArrayInfo | TableTarget],
+                storage: StorageOptions) -> dict[str, BlockArray]:
         """The program as a run executes it: each output in ``writes`` written by the workers
         into its target, computing to [bytes written, PUT requests] under the same name."""
         return {name: store(x, targets[name], storage) if name in self.writes else x
@@ -118,7 +136,8 @@ class JobContext:
     storage: StorageOptions = field(default_factory=StorageOptions)
     result: ResultGroup | None = None  # where big outputs are written by the workers
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
-    _targets: dict[str, ArrayInfo] = field(default_factory=dict, repr=False)
+    output_format: str = "zarr"  # ``[output] format``: "parquet" writes per-row outputs as tables
+    _targets: dict[str, ArrayInfo | TableTarget] = field(default_factory=dict, repr=False)
 
     # what a job does through its context: each call is the session's or the run's own
 
@@ -166,13 +185,30 @@ class JobContext:
         self.checkpoints.tick(iteration, dict(state))
 
     def writing(self, p: Pass) -> dict[str, BlockArray]:
-        """The program of ``p`` with its ``writes`` written into result.zarr by the workers
-        (each array created once per run)."""
+        """The program of ``p`` with its ``writes`` written by the workers into result.zarr (each
+        array created once per run), or a per-row output, if the output's format is Parquet,
+        as ``<name>/part-*.parquet`` beside it (``Written.target``)."""
         assert self.result is not None, f"pass {p.name} writes {', '.join(p.writes)}: the run needs a result"
         for name, w in p.writes.items():
-            if name not in self._targets:
+            if name in self._targets:
+                continue
+            target = w.target(name, self.result.location, self.output_format)
+            if isinstance(target, TableTarget):
+                self._targets[name] = target
+            else:
                 self._targets[name] = self.result.create_array(name, shape=w.shape, chunks=w.chunks, dtype=w.dtype)
         return p.writing(self._targets, self.storage)
+
+    def count_writes(self, p: Pass, results: Mapping[str, np.ndarray]) -> int:
+        """Count what writing ``p``'s outputs took (``results``: the program ``writing`` gave,
+        computed) into the run's metrics; returns the bytes written."""
+        written = 0
+        for name in p.writes:
+            counts = [int(c) for c in results[name]] + [0, 0]
+            self.metrics.count_storage(StorageCounters(bytes_written=counts[0], put_requests=counts[1],
+                                                       bytes_read=counts[2], get_requests=counts[3]))
+            written += counts[0]
+        return written
 
 
 @dataclass
@@ -200,6 +236,9 @@ class Job(ABC):
     pattern_inputs: ClassVar[tuple[str, ...]] = ()
     # inputs that name a published arrayjob output, not an array: opened as models (``io.model``)
     model_inputs: ClassVar[tuple[str, ...]] = ()
+    # the input whose rows the job's per-row outputs follow (KMeans' labels: X), which
+    # ``[output] format = "parquet"`` writes as tables with its id column; None: it has none
+    row_input: ClassVar[str | None] = None
     Params: ClassVar[type]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -263,6 +302,19 @@ class Job(ABC):
         """One line: what this job does to what."""
         shapes = ", ".join(f"{n} {' × '.join(f'{s:,}' for s in a.shape)}" for n, a in self.arrays.items())
         return f"{self.title} on {shapes}"
+
+
+def check_tables(job: Job, output_format: str) -> None:
+    """Before a run: each per-row output written as Parquet can hold its rows' id column
+    beside it (the two columns must have different names)."""
+    if output_format != "parquet":
+        return
+    for p in job.stages(1).passes:
+        for name, w in p.writes.items():
+            ids = w.rows.ids() if w.rows is not None else None
+            if ids is not None and ids.table is not None and ids.table.columns[0] == name:
+                raise InputError(f"inputs.{w.rows.name if w.rows else 'X'}.id_column: {name!r} is also the name "
+                                 f"of the output column written beside it ({name}/part-*.parquet); rename one")
 
 
 def require(condition: bool, message: str) -> None:

@@ -20,12 +20,12 @@ from typing import Any
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
-from arrayjob.io.locations import ArrayInfo
+from arrayjob.io.locations import StorageCounters, TableTarget
 from arrayjob.io.sparse import member_info, stored_members
 from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, network_seconds, physical_cost
 from arrayjob.planner.memory import KeptBlock, MemoryBudget, MemoryModel, StoredKey
-from arrayjob.planner.physical import CachedBlock, SourceBlock
+from arrayjob.planner.physical import CachedBlock, SourceBlock, WriteBlock
 from arrayjob.planner.pipeline import budget_block_target, make_plan
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import Residency, StreamRates, intermediate_peak
@@ -297,13 +297,19 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     source_of_stream = "bucket"
     kept_streamed_per_iteration = 0
     # where a run creates the arrays the workers write (an estimate creates nothing)
-    targets = {name: ArrayInfo(name, spec.output.join("result.zarr").join(name), w.shape, w.dtype, w.chunks, 3)
+    targets = {name: w.target(name, spec.output.join("result.zarr"), spec.output_format)
                for p in declared.passes for name, w in p.writes.items()}
+    table_writes = StorageCounters()  # per-row outputs as Parquet: a file per store task, as planned
     for p in declared.passes:
         program = p.writing(targets, spec.storage)
         plan = make_plan(capture(list(program.values())), options)
         assert plan.physical is not None and plan.cost is not None
         physical = plan.physical
+        for task in physical.tasks:
+            body = task.kernel.fn
+            if isinstance(body, WriteBlock) and isinstance(body.target, TableTarget):
+                for _ in range(p.runs.times(assumed)):
+                    table_writes.add(body.target.block_requests(*body.selection[0]))
         # stored blocks stay where the first program read them, for the job (see physical_cost)
         cost = physical_cost(physical, nodes, homes)
         fresh = [s for s in physical.sources if s.array.uri not in sources_seen]
@@ -403,12 +409,14 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     write = StageEstimate("write")
     driver: dict[str, tuple[tuple[int, ...], str]] = {}
     workers: dict[str, tuple[tuple[int, ...], tuple[int, ...], str]] = {}
+    tables = any(isinstance(t, TableTarget) for t in targets.values())  # [output] format = "parquet"
     for i, (shape, dtype, chunk_rows) in enumerate(job.outputs_estimate()):
-        if chunk_rows:  # written by the workers, chunked by rows
+        if chunk_rows and not tables:  # written by the workers, chunked by rows
             workers[f"output{i}"] = (tuple(shape), (chunk_rows, *shape[1:]), dtype)
-        else:
+        elif not chunk_rows:
             driver[f"output{i}"] = (tuple(shape), dtype)
     requests = write_requests(driver, workers)
+    requests.add(table_writes)
     write.get_requests, write.put_requests = requests.get_requests, requests.put_requests
     write.bytes_written, write.bytes_read = requests.bytes_written, requests.bytes_read
     connect = StageEstimate("connect", wall_seconds=profile.startup_seconds)

@@ -176,12 +176,15 @@ class SparseLayout:
 class TableSelection:
     """What ``[inputs]`` takes of a Parquet dataset: ``columns`` (names, in this order), a
     ``glob`` over the column names (in the files' order), one ``column`` (a vector), or, with
-    none of them, every column; and what a null means ("error", or "zero": read as 0)."""
+    none of them, every column; and what a null means ("error", or "zero": read as 0).
+    ``id_column``: a column of any type carried, row for row, into a Parquet output
+    (``TableTarget``), so its rows can be joined back; never read as a number."""
 
     columns: tuple[str, ...] = ()
     glob: str | None = None
     column: str | None = None
     nulls: str = "error"
+    id_column: str | None = None
 
     def describe(self) -> str:
         """The selection as the spec wrote it, e.g. ``f*``, ``f0,f1``, ``label``; ``*`` for all."""
@@ -219,6 +222,9 @@ class TableLayout:
     footers: tuple[bytes, ...]  # of each file: its metadata, length and magic, as stored
     row_groups: tuple[RowGroupChunks, ...]  # in row order, none empty
     offsets: tuple[int, ...]
+    # of ``selection.id_column``, per row group: the (offset, compressed, uncompressed) bytes of
+    # its column chunks (a nested type's leaves, which lie side by side, as one range)
+    id_chunks: tuple[tuple[int, int, int], ...] = ()
 
     def groups(self, start: int, stop: int) -> range:
         """The row groups rows [start, stop) overlap."""
@@ -346,3 +352,51 @@ class ArrayInfo:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    def ids(self) -> ArrayInfo | None:
+        """The id column of a Parquet input (``TableSelection.id_column``) as an (n,) input of
+        its own, read with the same row groups (``io.parquet_blocks.read_table_column``); None
+        where the input has none."""
+        layout = self.table
+        if layout is None or layout.selection.id_column is None:
+            return None
+        column = layout.selection.id_column
+        groups = tuple(dataclasses.replace(g, chunks=(c,)) for g, c in zip(layout.row_groups, layout.id_chunks,
+                                                                          strict=True))
+        ids = dataclasses.replace(layout, selection=TableSelection(column=column), columns=(column,),
+                                  list_size=None, row_groups=groups, id_chunks=())
+        return ArrayInfo(f"{self.name}.{column}", self.location, (self.shape[0],), "object", (self.chunks[0],), 0,
+                         table=ids)
+
+
+@dataclass(frozen=True)
+class TableTarget:
+    """A per-row output written as a Parquet dataset, one file per row block, by the workers
+    (``io.table_writer``): under ``location``, ``part-<first row>.parquet``, the first row
+    zero-padded to the digits of the row count, so the files sort in row order. Each file holds
+    the id column of the input the rows follow (``ids``, if it has one), then the output as the
+    column ``name``: a number per row, or a fixed-size list of them for an (n, k) output."""
+
+    name: str
+    location: Location
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    ids: ArrayInfo | None = None
+
+    @property
+    def uri(self) -> str:
+        return str(self.location)
+
+    def block_requests(self, start: int, stop: int) -> StorageCounters:
+        """What writing rows [start, stop) takes, without writing: one PUT of their bytes
+        uncompressed (Snappy makes them fewer), and the GETs of the id column's row groups."""
+        row_bytes = math.prod(self.shape[1:]) * np.dtype(self.dtype).itemsize
+        counters = StorageCounters(bytes_written=(stop - start) * row_bytes, put_requests=1)
+        if self.ids is not None:
+            counters.bytes_read, counters.get_requests = self.ids.block_reads((slice(start, stop),))
+        return counters
+
+    def part_key(self, first_row: int) -> str:
+        """The file holding rows from ``first_row``: ``part-0250000.parquet`` of 1,000,000 rows."""
+        return f"part-{first_row:0{len(str(self.shape[0]))}d}.parquet"

@@ -123,9 +123,11 @@ def open_table_info(name: str, location: Location, options: StorageOptions,
     columns, _, list_size = _select(name, first, selection)
     groups: list[RowGroupChunks] = []
     offsets = [0]
+    id_chunks: list[tuple[int, int, int]] = []
     for f, file in enumerate(files):
         found, leaves, _ = _select(name, file, selection, against=None if f == 0 else first)
         _agree(name, first, file, columns, found)
+        id_leaves = _id_leaves(name, first, file, selection.id_column) if selection.id_column else range(0)
         for g in range(file.metadata.num_row_groups):
             row_group = file.metadata.row_group(g)
             if row_group.num_rows == 0:
@@ -133,6 +135,8 @@ def open_table_info(name: str, location: Location, options: StorageOptions,
             stored = tuple(_chunk(name, file, g, row_group.column(leaf)) for leaf in leaves)
             groups.append(RowGroupChunks(f, g, row_group.num_rows, stored))
             offsets.append(offsets[-1] + row_group.num_rows)
+            if id_leaves:
+                id_chunks.append(_joined([_chunk(name, file, g, row_group.column(leaf)) for leaf in id_leaves]))
     rows = offsets[-1]
     if rows == 0:
         raise InputError(f"inputs.{name}: the dataset at {location} holds no rows ({len(files)} file(s)): "
@@ -141,7 +145,7 @@ def open_table_info(name: str, location: Location, options: StorageOptions,
     row_chunk = max(counts, key=lambda r: (counts[r], r))
     layout = TableLayout(selection=selection, columns=columns, list_size=list_size, files=tuple(keys),
                          sizes=tuple(f.size for f in files), footers=tuple(f.footer for f in files),
-                         row_groups=tuple(groups), offsets=tuple(offsets))
+                         row_groups=tuple(groups), offsets=tuple(offsets), id_chunks=tuple(id_chunks))
     width = list_size if list_size is not None else len(columns)
     shape, chunks = ((rows,), (row_chunk,)) if selection.column is not None else ((rows, width), (row_chunk, width))
     info = ArrayInfo(name=name, location=root, shape=shape, dtype="float64", chunks=chunks, zarr_format=0,
@@ -258,6 +262,28 @@ def _agree(name: str, first: _File, other: _File, columns: tuple[str, ...], foun
         if a.field(column).type != b.field(column).type:
             raise InputError(f"inputs.{name}: schemas disagree: column {column!r} is {a.field(column).type} in "
                              f"{first.where} but {b.field(column).type} in {other.where}")
+
+
+def _id_leaves(name: str, first: _File, file: _File, column: str) -> range:
+    """The leaf columns of ``file`` that store the id column ``column`` (of any type, the same in
+    every file)."""
+    schema = file.metadata.schema.to_arrow_schema()
+    if column not in schema.names:
+        raise InputError(f"inputs.{name}.id_column: column {column!r} is not in {file.where} "
+                         f"(its columns: {_listed(schema.names)})")
+    kind, expected = schema.field(column).type, first.metadata.schema.to_arrow_schema().field(column).type
+    if kind != expected:
+        raise InputError(f"inputs.{name}.id_column: schemas disagree: column {column!r} is {expected} in "
+                         f"{first.where} but {kind} in {file.where}")
+    start = sum(_leaf_count(schema.field(i).type) for i in range(schema.names.index(column)))
+    return range(start, start + _leaf_count(kind))
+
+
+def _joined(chunks: list[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """The column chunks of one column's leaves (written one after another) as one range."""
+    start = min(offset for offset, _, _ in chunks)
+    stop = max(offset + length for offset, length, _ in chunks)
+    return start, stop - start, sum(size for _, _, size in chunks)
 
 
 def _listed(names: Any, most: int = 8) -> str:

@@ -57,7 +57,6 @@ from arrayjob.api import (
     JobResult,
     Pass,
     StagePlan,
-    StorageCounters,
     Written,
     open_array_info,
     parse_uri,
@@ -170,6 +169,7 @@ class GaussianMixture(Job):
     name = "gmm"
     title = "Gaussian mixture"
     inputs = ("X",)
+    row_input = "X"  # labels, one per row of X
     Params = GMMParams
     params: GMMParams
 
@@ -204,7 +204,7 @@ class GaussianMixture(Job):
             Pass("moments", "load", {"sum": X.sum(axis=0), "sum_xx": moments}),
             Pass("em", "fit", gmm_program(X, p.k, p.covariance, final=False), EACH_ITERATION),
             Pass("labels", "fit", gmm_program(X, p.k, p.covariance, final=True),
-                 writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64")}),
+                 writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64", self.arrays["X"])}),
         ))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
@@ -274,8 +274,7 @@ class GaussianMixture(Job):
             arrays = {"weights": mixture.weights, "means": mixture.means, "covariances": mixture.covariances}
             if ctx.result is not None:  # labels (8n bytes) are written by the workers
                 r = ctx.session.compute(ctx.writing(plan.pass_named("labels")), values)
-                ctx.metrics.count_storage(StorageCounters(bytes_written=int(r["labels"][0]),
-                                                          put_requests=int(r["labels"][1])))
+                ctx.count_writes(plan.pass_named("labels"), r)
             else:
                 arrays["labels"] = ctx.session.compute(plan["labels"], values)["labels"]
         attrs = {"lower_bound": lower_bound, "iterations": iterations, "converged": converged, "k": p.k,

@@ -44,7 +44,6 @@ from arrayjob.api import (
     JobResult,
     Pass,
     StagePlan,
-    StorageCounters,
     StorageOptions,
     Written,
     open_array_info,
@@ -102,6 +101,7 @@ class KMeans(Job):
     title = "k-means"
     inputs = ("X",)
     sparse_inputs = ("X",)
+    row_input = "X"  # labels, one per row of X
     Params = KMeansParams
     params: KMeansParams
 
@@ -128,7 +128,7 @@ class KMeans(Job):
             Pass("stats", "load", {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}),
             Pass("step", "fit", kmeans_program(X, self.params.k, final=False), EACH_ITERATION),
             Pass("final", "fit", kmeans_program(X, self.params.k, final=True, sparse=self.arrays["X"].sparse is not None),
-                 writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64")}),
+                 writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64", self.arrays["X"])}),
         ))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
@@ -174,8 +174,7 @@ class KMeans(Job):
             arrays = {"centroids": centroids}
             if ctx.result is not None:  # labels (8n bytes) are written by the workers
                 r = ctx.session.compute(ctx.writing(plan.pass_named("final")), values)
-                ctx.metrics.count_storage(StorageCounters(bytes_written=int(r["labels"][0]),
-                                                          put_requests=int(r["labels"][1])))
+                ctx.count_writes(plan.pass_named("final"), r)
             else:
                 r = ctx.session.compute(final, values)
                 arrays["labels"] = r["labels"]

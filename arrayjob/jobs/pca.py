@@ -65,7 +65,6 @@ from arrayjob.api import (
     Kernel,
     Pass,
     StagePlan,
-    StorageCounters,
     Written,
     require,
     require_matrix,
@@ -153,6 +152,7 @@ class PCA(Job):
     title = "PCA"
     inputs = ("X",)
     sparse_inputs = ("X",)
+    row_input = "X"  # scores (params.scores), a row of k per row of X
     Params = PCAParams
     params: PCAParams
 
@@ -238,7 +238,7 @@ class PCA(Job):
             else:  # X Vₖ − 1(μᵀVₖ): X stays sparse
                 scores = X @ la.value("basis", (d, k)) - la.value("shift", (k,))
             passes.append(Pass("scores", "fit", {"scores": scores},
-                               writes={"scores": Written((n, k), (info.chunks[0], k), "float64")}))
+                               writes={"scores": Written((n, k), (info.chunks[0], k), "float64", info)}))
         return StagePlan(tuple(passes))
 
     def run(self, ctx: JobContext) -> JobResult:
@@ -327,5 +327,4 @@ class PCA(Job):
             arrays["scores"] = ctx.session.compute(plan["scores"], values)["scores"]
             return None
         r = ctx.session.compute(ctx.writing(plan.pass_named("scores")), values)
-        ctx.metrics.count_storage(StorageCounters(bytes_written=int(r["scores"][0]), put_requests=int(r["scores"][1])))
-        return int(r["scores"][0])
+        return ctx.count_writes(plan.pass_named("scores"), r)

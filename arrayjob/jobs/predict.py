@@ -50,7 +50,6 @@ from arrayjob.api import (
     Pass,
     PublishedModel,
     StagePlan,
-    StorageCounters,
     Written,
     read_whole,
     require,
@@ -219,6 +218,7 @@ class Predict(Job):
     inputs = ("model", "X")
     model_inputs = ("model",)
     sparse_inputs = ("X",)
+    row_input = "X"  # scores, one (or a row of them) per row of X
     Params = PredictParams
     params: PredictParams
 
@@ -257,7 +257,7 @@ class Predict(Job):
         X = la.from_input(self.arrays["X"])
         program = self.scorer.program(X, self._model_shapes())
         rows = self.arrays["X"].chunks[0]
-        writes = {name: Written(x.shape, (rows, *x.shape[1:]), x.dtype) for name, x in program.items()}
+        writes = {name: Written(x.shape, (rows, *x.shape[1:]), x.dtype, self.arrays["X"]) for name, x in program.items()}
         return StagePlan((Pass("score", "score", program, writes=writes),))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
@@ -285,9 +285,7 @@ class Predict(Job):
         with ctx.metrics.stage(score.stage):
             if ctx.result is not None:  # per-row outputs (8n bytes each) are written by the workers
                 r = ctx.session.compute(ctx.writing(score), values)
-                for name in score.writes:
-                    ctx.metrics.count_storage(StorageCounters(bytes_written=int(r[name][0]),
-                                                              put_requests=int(r[name][1])))
+                ctx.count_writes(score, r)
             else:
                 arrays = ctx.session.compute(plan["score"], values)
         model = self.model

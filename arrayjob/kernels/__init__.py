@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 from arrayjob.errors import ArrayJobError, JobCodeError, blames_job
+from arrayjob.io.locations import TableTarget
 from arrayjob.kernels.block_kernel import interpret, run_block_kernel
 from arrayjob.kernels.primitives import assemble, combine
 from arrayjob.planner.physical import Assemble, BlockKernel, Combine, JobFunction, WriteBlock
@@ -55,6 +56,10 @@ def _job_function(body: JobFunction, *args: Any) -> Any:
 
 @run.register
 def _write(body: WriteBlock, block: Any) -> Any:
+    if isinstance(body.target, TableTarget):  # pyarrow, imported only where Parquet is written
+        from arrayjob.io.table_writer import write_table_block
+
+        return write_table_block(body.target, body.options, body.selection, block)
     from arrayjob.io.arrays import write_block
 
     return write_block(body.target, body.options, body.selection, block)

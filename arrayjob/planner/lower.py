@@ -316,10 +316,10 @@ class _Lowering:
                     raise ValueError(f"store into {target.uri}: block {selection} does not cover whole chunks {target.chunks}")
             task = Task(f"store {target.name}#{k}[{','.join(map(str, idx))}]",
                         Kernel("store", WriteBlock(target, options, selection)), (ref,),
-                        out_shapes=((2,),), out_bytes=(16,))
+                        out_shapes=(n.shape,), out_bytes=(8 * n.shape[0],))
             self.tasks.append(task)
             results.append(TaskResult(task.id))
-        self.blocks[v] = {(0,): self.reduce_tree(f"store#{v}", "sum", results, (2,), 16)}
+        self.blocks[v] = {(0,): self.reduce_tree(f"store#{v}", "sum", results, n.shape, 8 * n.shape[0])}
 
     def reduce_tree(self, name: str, fn: str, parts: list[TaskResult], shape: tuple[int, ...],
                     nbytes: int) -> TaskResult:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrayjob.io.locations import ArrayInfo, StorageOptions
+from arrayjob.io.locations import ArrayInfo, StorageOptions, TableTarget
 from arrayjob.planner.kernel import Kernel
 
 
@@ -163,7 +163,7 @@ class Blockwise:
 
 @dataclass(frozen=True)
 class Store:
-    target: ArrayInfo
+    target: ArrayInfo | TableTarget  # a Zarr array, or a Parquet dataset of per-row outputs
     options: StorageOptions
 
     def label(self) -> str:

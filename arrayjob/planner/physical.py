@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from arrayjob.io.locations import ArrayInfo, StorageOptions
+from arrayjob.io.locations import ArrayInfo, StorageOptions, TableTarget
 from arrayjob.planner.kernel import Kernel, KernelBody
 from arrayjob.planner.ops import Op, OpAttrs
 
@@ -99,13 +99,15 @@ class Combine(KernelBody):
 
 @dataclass(frozen=True)
 class WriteBlock(KernelBody):
-    """Write one block into a stored array; the task returns [bytes written, PUTs].
+    """Write one block into a stored array; the task returns [bytes written, PUTs]. Into a
+    Parquet output (a ``TableTarget``): one file, and [bytes written, PUTs, bytes read, GETs],
+    the reads those of the input's id column.
 
     Blocks cover whole chunks, so concurrent writers never touch the same chunk, and a
     retried task rewrites the same bytes (idempotent).
     """
 
-    target: ArrayInfo
+    target: ArrayInfo | TableTarget
     options: StorageOptions
     selection: Selection
 
