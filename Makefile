@@ -95,7 +95,7 @@ bench: $(VENV)/.installed-bench bench-java
 		--markdown .arrayjob/bench/bench-$(BENCH_SIZE).md $(BENCH_ARGS)
 	$(BIN)/python benchmarks/outofcore.py --size $(BENCH_SIZE) --json .arrayjob/bench/outofcore-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/outofcore-$(BENCH_SIZE).md
-	$(BIN)/python benchmarks/sparse.py --size $(BENCH_SIZE) --json .arrayjob/bench/sparse-$(BENCH_SIZE).json \
+	$(BIN)/python benchmarks/bench_sparse.py --size $(BENCH_SIZE) --json .arrayjob/bench/sparse-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/sparse-$(BENCH_SIZE).md
 
 # Spark MLlib, the peer of bench.py's spark rows (pyspark is in the bench extra), runs on Java >= 17:
