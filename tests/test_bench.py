@@ -1,7 +1,7 @@
 """benchmarks/bench.py end to end at its tiny size (issue 28 part 0: a harness that broke at its
 S3 step lost every row before it, and no test ran it): every in-Ray workload and its peers, the
 limits, the loopback S3 server, and the JSON and Markdown it writes. The demo job (e2e, its own
-Ray) and Spark (tests/test_bench_spark.py) are left out to keep it short."""
+Ray) and Spark (tests/test_bench_spark.py) are left out to keep it short: 27 s at load 2."""
 
 from __future__ import annotations
 
