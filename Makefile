@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 BUCKET ?= .arrayjob/bucket
 DEMO   := $(BUCKET)/demo/logreg
 
-.PHONY: demo test test-quick typecheck test-autoscale test-airflow deploy-examples bench lint clean check-report
+.PHONY: demo test test-quick typecheck test-autoscale test-airflow deploy-examples bench bench-java lint clean check-report
 
 # The packages are installed by uv (itself installed from PyPI into .venv by pip), several
 # times faster than pip. Compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is
@@ -85,25 +85,38 @@ test-airflow: $(VENV)/.installed-test $(AIRFLOW_VENV)/.installed
 deploy-examples: $(VENV)/.installed-test
 	$(BIN)/python deploy/examples.py
 
-# arrayjob against its peers and the machine's limits, then jobs bigger than the object store,
-# then sparse X against scikit-learn, then issue 26's models against scikit-learn, then Parquet loads
-# against pyarrow (docs/benchmarks.md). bench.py's full size takes about 10 minutes on 2 cores (the
-# sparse rows' full size is not timed yet); `make bench BENCH_SIZE=quick` a few. models.py has no
-# full size yet: it runs quick for full.
+# arrayjob against its peers (Spark MLlib among them: bench-java below) and the machine's limits,
+# then jobs bigger than the object store, then sparse X against scikit-learn, then issue 26's models
+# against scikit-learn, then Parquet loads against pyarrow (docs/benchmarks.md). bench.py's full size
+# takes about 10 minutes on 2 cores (the sparse rows' full size is not timed yet); `make bench
+# BENCH_SIZE=quick` a few. models.py has no full size yet: it runs quick for full.
 BENCH_SIZE ?= full
 MODELS_SIZE = $(if $(filter full,$(BENCH_SIZE)),quick,$(BENCH_SIZE))
 BENCH_ARGS ?=
-bench: $(VENV)/.installed-bench
+bench: $(VENV)/.installed-bench bench-java
 	$(BIN)/python benchmarks/bench.py --size $(BENCH_SIZE) --json .arrayjob/bench/bench-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/bench-$(BENCH_SIZE).md $(BENCH_ARGS)
 	$(BIN)/python benchmarks/outofcore.py --size $(BENCH_SIZE) --json .arrayjob/bench/outofcore-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/outofcore-$(BENCH_SIZE).md
-	$(BIN)/python benchmarks/sparse.py --size $(BENCH_SIZE) --json .arrayjob/bench/sparse-$(BENCH_SIZE).json \
+	$(BIN)/python benchmarks/bench_sparse.py --size $(BENCH_SIZE) --json .arrayjob/bench/sparse-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/sparse-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/models.py --size $(MODELS_SIZE) --json .arrayjob/bench/models-$(MODELS_SIZE).json \
 		--markdown .arrayjob/bench/models-$(MODELS_SIZE).md
 	$(BIN)/python benchmarks/parquet.py --size $(BENCH_SIZE) --json .arrayjob/bench/parquet-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/parquet-$(BENCH_SIZE).md
+
+# Spark MLlib, the peer of bench.py's spark rows (pyspark is in the bench extra), runs on Java >= 17:
+# Debian's, installed if missing (as check-report installs Chromium), with OpenBLAS, which MLlib's
+# native BLAS (dev.ludovic.netlib's JNIBLAS, through libblas.so.3) loads. Where neither can be
+# installed the Spark rows say so in one line and the rest of the benchmark runs.
+bench-java:
+	@command -v java >/dev/null || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; } \
+		|| echo "bench: no Java (apt-get install openjdk-17-jre-headless failed): the Spark MLlib rows are skipped"
+	@ldconfig -p | grep -q 'libopenblas\.so\.0' || { apt-get update -qq && apt-get install -y -qq libopenblas0; } \
+		|| echo "bench: no OpenBLAS (libopenblas0): Spark MLlib runs on its Java BLAS"
+	@command -v java >/dev/null && java -version 2>&1 | awk -F'"' '/version/ { split($$2, v, "."); \
+		if (v[1] + 0 < 17) print "bench: java " $$2 " is older than Spark needs (17): the Spark MLlib rows are skipped"; \
+		else print "bench: java " $$2 " for Spark MLlib" }' || true
 
 # report.html as a person sees it: the demo's published report rendered by headless Chromium
 # (Debian's package, installed if missing; the page runs no JavaScript), saved as a PNG.

@@ -1,6 +1,6 @@
 """arrayjob against its peers and the machine's limits, side by side in one run (issue 6).
 
-    .venv/bin/python benchmarks/bench.py [--size full|quick] [--only logreg,tsqr,...]
+    .venv/bin/python benchmarks/bench.py [--size full|quick|tiny] [--only logreg,tsqr,...]
                                          [--repeat 3] [--json FILE] [--markdown FILE]
     make bench                          # the same, full size, JSON into .arrayjob/bench/
 
@@ -13,9 +13,12 @@ as its own process, before this process starts Ray.
 
 Workloads: logreg (one loss-and-gradient evaluation, and L-BFGS iterations), tsqr, linreg
 (its default method, tsqr, against its normal equations), kmeans,
-pagerank, mttkrp, s3 (loading a Zarr array from S3), e2e (the demo job). Sizes: ``full``
+pagerank, mttkrp, s3 (loading a Zarr array from S3), e2e (the demo job), spark (Spark MLlib on
+the same X and y: benchmarks/bench_spark.py; one line when pyspark or Java is missing). Sizes: ``full``
 (the issue's: X 4,000,000 × 64 float64, PageRank 1M nodes / 10M edges, MTTKRP 400³, 1 GiB
-from S3) and ``quick`` (a few minutes, for development). Data are generated once into
+from S3), ``quick`` (a few minutes, for development) and ``tiny`` (seconds: tests/test_bench.py).
+The JSON and Markdown are written again after every workload (``complete`` is true at the end),
+so a crash keeps the rows before it. Data are generated once into
 ``--workdir`` (default .arrayjob/bench) and reused.
 """
 
@@ -43,7 +46,7 @@ from bench_data import SIZES, prepare  # noqa: E402
 from bench_harness import Row, commit, finish, machine_line, markdown, versions  # noqa: E402
 from bench_logreg import TUNING  # noqa: E402
 
-WORKLOADS = ("logreg", "tsqr", "linreg", "kmeans", "pagerank", "mttkrp", "s3", "e2e")
+WORKLOADS = ("logreg", "tsqr", "linreg", "kmeans", "pagerank", "mttkrp", "s3", "e2e", "spark")
 
 
 
@@ -79,34 +82,51 @@ def main() -> int:
     log("preparing data (generated once, then reused)")
     data = prepare(size, Path(args.workdir))
     rows: list[Row] = []
+    state: dict[str, object] = {"limits": {"notes": "not measured yet"}, "s3_endpoint": None}
+
+    def publish(complete: bool = False) -> None:
+        """The rows so far, written whole after every workload (a crash keeps those before it)."""
+        finish(rows)
+        doc = {"size": size.name, "sizes": size.describe(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               "commit": commit(), "machine": machine_line(), "versions": versions(), "limits": state["limits"],
+               "repeat": args.repeat,
+               "tuning": {"dask_chunk_mib": args.dask_chunk_mib, "ray_block_mib": args.ray_block_mib},
+               "s3_endpoint": state["s3_endpoint"], "seconds": time.perf_counter() - started, "complete": complete,
+               "rows": [r.as_dict() for r in rows]}
+        if args.json_path:
+            Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json_path).write_text(json.dumps(doc, indent=1, default=str))
+        if args.markdown_path:
+            Path(args.markdown_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.markdown_path).write_text(markdown(rows) + "\n")
+
     if "e2e" in only:  # before this process starts its Ray, so the job's own Ray has the machine
         from bench_io import end_to_end
 
         log("e2e: arrayjob run configs/logreg.toml --overwrite, as a process")
         rows += end_to_end(data["demo"].parent.parent, args.repeat)
+        publish()
+    if "spark" in only:  # the whole job from a cold process, each side's own, before this process's Ray
+        from bench_spark import run_cold
 
-    limits, s3_endpoint = run_in_ray(size, data, only, args.repeat, rows)
-    rows = finish(rows)
-    table = markdown(rows)
+        log("spark: the whole logreg job, `arrayjob run` and Spark MLlib, each a cold process")
+        rows += run_cold(data["logreg"], size, args.repeat)
+        publish()
+
+    state["limits"], state["s3_endpoint"] = run_in_ray(size, data, only, args.repeat, rows, publish)
+    publish(complete=True)
+    limits = state["limits"]
+    assert isinstance(limits, dict)
     print(f"\n## {size.name} size — {time.strftime('%Y-%m-%d %H:%M')}, commit {commit()}\n\n{machine_line()}\n")
     print(f"Limits: {limits['notes']}\n")
-    print(table)
+    print(markdown(rows))
     print(f"\n{time.perf_counter() - started:.0f} s in all; load average at the end {os.getloadavg()[0]:.2f}")
-    doc = {"size": size.name, "sizes": size.describe(), "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit(),
-           "machine": machine_line(), "versions": versions(), "limits": limits, "repeat": args.repeat,
-           "tuning": {"dask_chunk_mib": args.dask_chunk_mib, "ray_block_mib": args.ray_block_mib},
-           "s3_endpoint": s3_endpoint, "seconds": time.perf_counter() - started,
-           "rows": [r.as_dict() for r in rows]}
     if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(doc, indent=1, default=str))
         log(f"wrote {args.json_path}")
-    if args.markdown_path:
-        Path(args.markdown_path).write_text(table + "\n")
     return 0
 
 
-def run_in_ray(size, data, only, repeat, rows):  # type: ignore[no-untyped-def]
+def run_in_ray(size, data, only, repeat, rows, publish):  # type: ignore[no-untyped-def]
     """Everything that needs this process's Ray (and the S3 server): limits, then the workloads."""
     from bench_context import Context
     from bench_limits import Limits, LoopbackS3, gemm_rate, read_bandwidth
@@ -128,9 +148,10 @@ def run_in_ray(size, data, only, repeat, rows):  # type: ignore[no-untyped-def]
             import bench_io
             import bench_logreg
             import bench_matrix
+            import bench_spark
 
             workloads = {"logreg": bench_logreg.logreg, **bench_matrix.WORKLOADS, **bench_graph_tensor.WORKLOADS,
-                         "s3": bench_io.s3_load}
+                         "s3": bench_io.s3_load, "spark": bench_spark.versus_spark}
             for name in only:
                 if name not in workloads:
                     continue
@@ -140,6 +161,7 @@ def run_in_ray(size, data, only, repeat, rows):  # type: ignore[no-untyped-def]
                 start = time.perf_counter()
                 got = workloads[name](ctx)
                 rows += got
+                publish()
                 log(f"{name}: {time.perf_counter() - start:.0f} s — " +
                     "; ".join(f"{r.system} {r.compute_s:.4g} s" for r in got if r.compute_s))
             limits = {"read_bytes_per_s": ctx.limits.read_bytes_per_s, "gemm_flops_per_s": ctx.limits.gemm_flops_per_s,

@@ -13,7 +13,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -132,6 +132,12 @@ TARGETS: dict[str, tuple[str, Callable[[Row, list[Row]], bool | None]]] = {
     "Parquet load": ("<= one pyarrow process's to_table, and <= 1.2× arrayjob's Zarr load",
                      lambda aj, rows: None if aj.ratio_best_peer is None or aj.ratio_limit is None
                      else aj.ratio_best_peer <= 1.0 and aj.ratio_limit <= 1.2),
+    # issue 28: Spark MLlib on the same data (benchmarks/bench_spark.py)
+    "vs Spark: logreg per pass": (">= 3× faster than Spark MLlib", _at_most("Spark MLlib", 1 / 3)),
+    "vs Spark: linreg (normal equations)": (">= 3× faster than Spark MLlib", _at_most("Spark MLlib", 1 / 3)),
+    "vs Spark: KMeans per iteration": (">= 3× faster than Spark MLlib", _at_most("Spark MLlib", 1 / 3)),
+    "vs Spark: whole logreg job": (">= 3× faster than Spark MLlib", _at_most("Spark MLlib", 1 / 3)),
+    "vs Spark: peak memory": ("<= half Spark MLlib's", _at_most("Spark MLlib", 0.5)),
 }
 
 
@@ -211,9 +217,69 @@ def versions() -> dict[str, str]:
 
     out = {}
     for name in ("arrayjob", "numpy", "scipy", "ray", "zarr", "dask", "dask-ml", "dask-glm", "scikit-learn",
-                 "tensorly", "networkx", "moto", "boto3", "numexpr"):
+                 "tensorly", "networkx", "moto", "boto3", "numexpr", "pyspark"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
             out[name] = "not installed"
     return out
+
+
+class ProcessTreePeak:
+    """The peak memory of a process and all its descendants (a JVM, Ray's raylet and workers),
+    sampled every ``interval`` seconds: the sum of each process's PSS (shared pages, such as
+    Ray's object store, counted once across the processes that map them; RSS where PSS cannot
+    be read)."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        import threading
+
+        self.pid, self.interval = pid, interval
+        self.peak_bytes, self.most_processes = 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_full_info().pss
+            except (psutil.Error, AttributeError):
+                with suppress(psutil.Error):
+                    total += p.memory_info().rss
+        self.peak_bytes = max(self.peak_bytes, total)
+        self.most_processes = max(self.most_processes, len(procs))
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_bytes
+
+
+def run_measured(command: list[str], **kwargs: Any) -> tuple[float, int, int, str]:
+    """Run ``command`` to its end: wall seconds, the peak memory of its process tree, the most
+    processes it had at once, and its stdout. Raises CalledProcessError (stderr's last lines)
+    when it fails."""
+    import subprocess
+
+    start = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    peak = ProcessTreePeak(child.pid)
+    out, err = child.communicate()
+    seconds = time.perf_counter() - start
+    peak.stop()
+    if child.returncode != 0:
+        raise subprocess.CalledProcessError(child.returncode, command, out, "\n".join(err.splitlines()[-20:]))
+    return seconds, peak.peak_bytes, peak.most_processes, out

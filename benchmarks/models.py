@@ -5,7 +5,7 @@ memory, time and result agreement side by side in one run.
 
     .venv/bin/python benchmarks/models.py [--size quick|tiny] [--only multinomial,pca,...] [--repeat 3]
                                           [--workdir DIR] [--json FILE] [--markdown FILE]
-    make bench BENCH_SIZE=quick         # the same, after bench.py, outofcore.py and sparse.py
+    make bench BENCH_SIZE=quick         # the same, after bench.py, outofcore.py and bench_sparse.py
 
 Data are written once by ``arrayjob datagen`` (the configs' own generators) into ``--workdir``
 (default .arrayjob/bench/models/SIZE; ``datagen.json`` says they are complete) and reused.

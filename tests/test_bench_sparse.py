@@ -1,4 +1,4 @@
-"""benchmarks/sparse.py end to end at its tiny size (5,000 rows): the data made by arrayjob
+"""benchmarks/bench_sparse.py end to end at its tiny size (5,000 rows): the data made by arrayjob
 datagen, two ``arrayjob run`` processes each with its own Ray, scikit-learn beside them, and
 every row in the JSON and Markdown it writes. About 25 s on a quiet machine (two Ray starts)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.cli
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sparse.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sparse.py"
 SYSTEMS = ["arrayjob", "one read of the CSR bytes (the floor)", "scikit-learn"]
 
 

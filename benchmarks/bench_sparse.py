@@ -1,7 +1,11 @@
 """Sparse X (issue 24): arrayjob on CSR groups against scikit-learn on the same CSR matrix in
 memory, and against one read of the CSR bytes, side by side in one run.
 
-    .venv/bin/python benchmarks/sparse.py [--size full|quick|tiny] [--only logreg,kmeans] [--repeat 3]
+(Named bench_sparse, not sparse: bench.py puts this directory first on sys.path, and a
+``sparse.py`` here shadowed pydata's ``sparse``, which ``dask.array`` imports: ``make bench``
+stopped at its first dask row. tests/test_bench.py runs bench.py's harness to catch the next.)
+
+    .venv/bin/python benchmarks/bench_sparse.py [--size full|quick|tiny] [--only logreg,kmeans] [--repeat 3]
                                           [--workdir DIR] [--json FILE] [--markdown FILE]
     make bench                          # the same, full size, after bench.py and outofcore.py
 
