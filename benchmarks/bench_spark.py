@@ -34,7 +34,7 @@ from bench_context import Context
 from bench_data import Size
 from bench_harness import Row, repeat_timed, run_measured
 
-from arrayjob.jobs.base import JobContext
+from arrayjob.api.job import JobContext
 from arrayjob.jobs.kmeans import KMeans, KMeansParams
 from arrayjob.jobs.linreg import LinearRegression, LinRegParams
 from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
