@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arrayjob.costing.estimate import Estimate, estimate_job, job_block_target, stream_rates
+from arrayjob.costing.history import recent_history, record_from_report, save_record
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import MachineProfile, load_profile
 from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
@@ -220,10 +221,13 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         prices = load_prices()
         instance = prices.instance(instance_type or spec.cluster.node_type or "local")
         scaling = sizes_cluster(spec, nodes, deadline)
+        profile = load_profile()
+        # the recent runs of this spec (or algorithm) correct the profile's estimate (costing.history)
+        history = recent_history(spec, profile)
         choice = None
         if scaling or check_cost is not None:  # before any chunk is touched
-            choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=load_profile(),
-                                  nodes=nodes, deadline=deadline)
+            choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=profile,
+                                  nodes=nodes, deadline=deadline, history=history)
             if scaling:
                 notify(f"nodes: {choice.line}")
             if check_cost is not None:
@@ -238,6 +242,8 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
     if done is not None:
         return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
     started += time.perf_counter() - waiting  # time spent waiting for another run is not this run's
+    if history.line():
+        notify(f"history: {history.line()}")
     store = CheckpointStore(output.backend, spec.digest())
     if restart:
         store.clear()
@@ -259,12 +265,11 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
 
             stack.enter_context(watching(metrics.stores))  # what the stores really held, per node
 
-            profile = load_profile()
             # the nodes the autoscaler started for the job: the estimate waits for them too
             added = len(metrics.nodes.added) if scaling and metrics.nodes is not None else 0
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
                                      profile=profile, store_bytes=cluster.object_store_per_node,
-                                     nodes_added=added).as_dict()
+                                     nodes_added=added, history=history).as_dict()
             # what a live view needs to tell the time left: each stage's predicted wall time
             metrics.emit("estimate", wall_seconds=predicted["wall_seconds"],
                          iterations=predicted["iterations"]["assumed"],
@@ -298,7 +303,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         if isinstance(ran, int) and ran > 0 and ran != predicted["iterations"]["assumed"]:
             rescaled = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
                                     profile=profile, iterations=ran, store_bytes=cluster.object_store_per_node,
-                                    nodes_added=added).as_dict()
+                                    nodes_added=added, history=history).as_dict()
             rescaled["iterations"]["from"] = "the iterations the run did"
         report = build_report(
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
@@ -316,6 +321,12 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         output.write_text("report.html", report_html.render(report))
         kill_point("publish")
         manifest = output.commit()
+        # published: this run now corrects the next estimates of its spec (a rerun that finds
+        # the output complete publishes nothing, and records nothing)
+        try:
+            save_record(record_from_report(report, run_id=manifest["run_id"], spec=spec, profile=profile))
+        except OSError as exc:  # the result is published; only the next estimate loses this run
+            notify(f"history: this run was not recorded ({exc})")
         metrics.emit("publish", uri=str(spec.output), run_id=manifest["run_id"], prefix=manifest["prefix"])
         store.clear()  # published: no run needs them now
     except BaseException:
