@@ -19,6 +19,8 @@ from arrayjob.costing.history import recent_history, record_from_report, save_re
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import MachineProfile, load_profile
 from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
+from arrayjob.costing.worker_type import check as check_request
+from arrayjob.costing.worker_type import worker_type
 from arrayjob.errors import InputError, SpecError
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
@@ -35,6 +37,7 @@ from arrayjob.report import html as report_html
 from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import ClusterInfo, cluster_shape, ray_cluster
 from arrayjob.runtime.metrics import NodeLog, RunMetrics
+from arrayjob.runtime.node_types import ClusterTypes, read_node_types
 from arrayjob.runtime.pause import hold_from_environment
 from arrayjob.runtime.scaling import NodeRequest, requested_nodes
 from arrayjob.runtime.session import MemoryBudget, Session
@@ -219,16 +222,29 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         job = prepare(spec)
         metrics.count_storage(job.metadata_reads)  # a sparse input's indptr, Parquet footers: to plan blocks
         prices = load_prices()
-        instance = prices.instance(instance_type or spec.cluster.node_type or "local")
         scaling = sizes_cluster(spec, nodes, deadline)
+        # a cluster that grows is sized for the worker types it says it has (the price table
+        # only adds dollars); elsewhere the price table's node type, "local" by default
+        types = read_node_types(spec.cluster.address) if scaling else ClusterTypes()
+        worker = worker_type(types, prices, instance_type or spec.cluster.node_type)
+        instance = worker.instance
+        if worker.note:
+            notify(worker.note)
         profile = load_profile()
         # the recent runs of this spec (or algorithm) correct the profile's estimate (costing.history)
         history = recent_history(spec, profile)
         choice = None
         if scaling or check_cost is not None:  # before any chunk is touched
+            ceiling, named = spec.cluster.max_nodes, "cluster.max_nodes"
+            if worker.max_workers is not None and (ceiling is None or worker.max_workers < ceiling):
+                ceiling, named = worker.max_workers, f"the cluster's max_workers of {instance.name}"
             choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=profile,
-                                  nodes=nodes, deadline=deadline, history=history)
+                                  nodes=nodes, deadline=deadline, history=history, max_nodes=ceiling,
+                                  max_nodes_from=named)
             if scaling:
+                request = node_request(choice, spec)
+                check_request(types, count=request.count, cpus=request.cpus,
+                              object_store_bytes=request.object_store_bytes, node_type=request.node_type)
                 notify(f"nodes: {choice.line}")
             if check_cost is not None:
                 check_cost(choice.estimate)
@@ -312,6 +328,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         if choice is not None and scaling:
             report["nodes"]["requested"] = choice.nodes
             report["nodes"]["choice"] = choice.line
+            report["nodes"]["types"] = {"source": types.source or None, "offer": types.offer() or None}
         resumed = checkpoints.resumed
         report["checkpoints"] = {
             "every_seconds": spec.run.checkpoint_every, "saved": checkpoints.saved,

@@ -174,7 +174,8 @@ def _ratio(a: float, b: float) -> str:
 def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable, profile: MachineProfile,
                  nodes: int | None = None, deadline: float | None = None, iterations: int | None = None,
                  min_nodes: int | None = None, max_nodes: int | None = None, local: bool | None = None,
-                 nodes_up: int | None = 0, history: History | None = None) -> NodeChoice:
+                 nodes_up: int | None = 0, history: History | None = None,
+                 max_nodes_from: str = "cluster.max_nodes") -> NodeChoice:
     """Choose how many ``instance`` nodes ``job`` runs on, from its estimate (see the module's
     rules). ``min_nodes``/``max_nodes`` default to the spec's ``[cluster]`` keys; ``deadline``
     is in seconds. ``local`` (default: ``cluster.address`` is ``"local"``): the job runs on
@@ -185,7 +186,8 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
     does not connect), and each count's estimate waits for them to start
     (``estimate.node_startup_seconds``). ``nodes_up=None``: every count is up when the job
     starts (a cluster deployed at the chosen size). ``history`` (``costing.history``): each
-    count's estimate is corrected by the recent runs of the spec.
+    count's estimate is corrected by the recent runs of the spec. ``max_nodes_from`` names what
+    set ``max_nodes`` in errors (the node type's ``max_workers``, when the cluster's is lower).
 
     >>> choice = choose_nodes(job, spec, instance=prices.instance("r5.2xlarge"), prices=prices,
     ...                       profile=load_profile(), max_nodes=16)   # doctest: +SKIP
@@ -204,7 +206,7 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
 
     if nodes is not None:
         if ceiling is not None and nodes > ceiling:
-            raise CapacityError(f"--nodes {nodes} is above cluster.max_nodes ({ceiling})")
+            raise CapacityError(f"--nodes {nodes} is above {max_nodes_from} ({ceiling})")
         fits = price.fits(nodes)
         needed = nodes if fits else _memory_count(price, 1, limit)
         reason = "fixed by --nodes" + ("" if fits else f"; its plan needs {size(price.peak(nodes))} on a node "
@@ -223,7 +225,7 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
     peak = size(price.peak(needed))
     if ceiling is not None and needed > ceiling:
         raise CapacityError(f"the plan needs {needed} × {instance.name} to hold its peak of {peak} per node "
-                            f"({store}), but cluster.max_nodes is {ceiling}")
+                            f"({store}), but {max_nodes_from} is {ceiling}")
 
     if deadline is not None:
         return _by_deadline(price, needed, limit, deadline)
