@@ -63,14 +63,17 @@ def datagen_args(config: str, size: str) -> list[str] | None:
     return words[2:]  # after the algorithm and the directory
 
 
+LOCK = ""  # --lock FILE
 RETRIES = 2  # a run whose Ray failed to start (exit 5, on a machine this loaded) is tried again
 
 
 def run_once(config: str, env: dict[str, str]) -> dict:
     started = time.perf_counter()
     for attempt in range(RETRIES + 1):
-        out = subprocess.run([ARRAYJOB, "run", str(REPO / "configs" / f"{config}.toml"), "--overwrite", "--json"],
-                             cwd=REPO, env=env, capture_output=True, text=True)
+        command = [ARRAYJOB, "run", str(REPO / "configs" / f"{config}.toml"), "--overwrite", "--json"]
+        if LOCK:  # a machine shared with other Ray users: each run takes their lock, shared
+            command = ["flock", "-s", LOCK, *command]
+        out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
         if out.returncode != 5 or attempt == RETRIES:
             break
         print(f"{config}: exit 5 ({out.stderr.strip().splitlines()[-1]}); again", flush=True)
@@ -109,7 +112,10 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated configs [default: every config in configs/]")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
+    parser.add_argument("--lock", default="", help="take this file's flock, shared, around each run")
     args = parser.parse_args()
+    global LOCK
+    LOCK = args.lock
     configs = sorted(p.stem for p in (REPO / "configs").glob("*.toml"))
     if args.only:
         configs = [c for c in configs if c in args.only.split(",")]
