@@ -20,6 +20,7 @@ Nothing found: an empty ``ClusterTypes``, and the price table's node type is use
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,12 +153,21 @@ def gcs_address_of(address: str) -> str | None:
     return address
 
 
+def _answers(gcs: str, timeout: float = 2.0) -> bool:
+    host, _, port = gcs.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def read_node_types(address: str) -> ClusterTypes:
     """The worker node types of the cluster at ``address``, from the GCS's cluster config,
     else the autoscaler monitor's config file on this host; empty when neither says."""
     gcs = gcs_address_of(address)
-    if gcs is None:
-        return ClusterTypes()
+    if gcs is None or not _answers(gcs):  # connecting says what is wrong, in one line (Ray's client
+        return ClusterTypes()  # would retry for half a minute, logging as it goes)
     try:
         from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stubs
 
