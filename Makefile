@@ -86,7 +86,8 @@ deploy-examples: $(VENV)/.installed-test
 	$(BIN)/python deploy/examples.py
 
 # arrayjob against its peers and the machine's limits, then jobs bigger than the object store,
-# then sparse X against scikit-learn (docs/benchmarks.md). bench.py's full size takes about 10
+# then sparse X against scikit-learn, then the learning estimate (each shipped config four times on
+# small data, whatever BENCH_SIZE; docs/benchmarks.md). bench.py's full size takes about 10
 # minutes on 2 cores (the sparse rows' full size is not timed yet); `make bench BENCH_SIZE=quick` a few.
 BENCH_SIZE ?= full
 BENCH_ARGS ?=
@@ -97,6 +98,8 @@ bench: $(VENV)/.installed-bench
 		--markdown .arrayjob/bench/outofcore-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/sparse.py --size $(BENCH_SIZE) --json .arrayjob/bench/sparse-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/sparse-$(BENCH_SIZE).md
+	$(BIN)/python benchmarks/estimate_learning.py --size quick --json .arrayjob/bench/estimate-learning.json \
+		--markdown .arrayjob/bench/estimate-learning.md
 
 # report.html as a person sees it: the demo's published report rendered by headless Chromium
 # (Debian's package, installed if missing; the page runs no JavaScript), saved as a PNG.
