@@ -87,7 +87,8 @@ deploy-examples: $(VENV)/.installed-test
 
 # arrayjob against its peers (Spark MLlib among them: bench-java below) and the machine's limits,
 # then jobs bigger than the object store, then sparse X against scikit-learn, then issue 26's models
-# against scikit-learn, then Parquet loads against pyarrow (docs/benchmarks.md). bench.py's full size
+# against scikit-learn, then Parquet loads against pyarrow, then the learning estimate (each shipped
+# config four times on small data, whatever BENCH_SIZE; docs/benchmarks.md). bench.py's full size
 # takes about 10 minutes on 2 cores (the sparse rows' full size is not timed yet); `make bench
 # BENCH_SIZE=quick` a few. models.py has no full size yet: it runs quick for full.
 BENCH_SIZE ?= full
@@ -104,6 +105,8 @@ bench: $(VENV)/.installed-bench bench-java
 		--markdown .arrayjob/bench/models-$(MODELS_SIZE).md
 	$(BIN)/python benchmarks/parquet.py --size $(BENCH_SIZE) --json .arrayjob/bench/parquet-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/parquet-$(BENCH_SIZE).md
+	$(BIN)/python benchmarks/estimate_learning.py --size quick --json .arrayjob/bench/estimate-learning.json \
+		--markdown .arrayjob/bench/estimate-learning.md
 
 # Spark MLlib, the peer of bench.py's spark rows (pyspark is in the bench extra), runs on Java >= 17:
 # Debian's, installed if missing (as check-report installs Chromium), with OpenBLAS, which MLlib's

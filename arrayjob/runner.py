@@ -18,9 +18,12 @@ from typing import Any
 from arrayjob.api.job import Job, JobContext, JobResult, check_tables
 from arrayjob.catalog import get_job, job_code
 from arrayjob.costing.estimate import Estimate, estimate_job, job_block_target, stream_rates
+from arrayjob.costing.history import recent_history, record_from_report, save_record
 from arrayjob.costing.prices import load_prices
 from arrayjob.costing.profile import MachineProfile, load_profile
 from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
+from arrayjob.costing.worker_type import check as check_request
+from arrayjob.costing.worker_type import worker_type
 from arrayjob.errors import InputError, SpecError
 from arrayjob.integrations import RunPublished, RunStarted, RunTracking
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
@@ -37,6 +40,7 @@ from arrayjob.report import html as report_html
 from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import ClusterInfo, cluster_shape, ray_cluster
 from arrayjob.runtime.metrics import NodeLog, RunMetrics
+from arrayjob.runtime.node_types import ClusterTypes, read_node_types
 from arrayjob.runtime.pause import hold_from_environment
 from arrayjob.runtime.scaling import NodeRequest, requested_nodes
 from arrayjob.runtime.session import MemoryBudget, Session
@@ -231,13 +235,29 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         job = prepare(spec)
         metrics.count_storage(job.metadata_reads)  # a sparse input's indptr, Parquet footers: to plan blocks
         prices = load_prices()
-        instance = prices.instance(instance_type or spec.cluster.node_type or "local")
         scaling = sizes_cluster(spec, nodes, deadline)
+        # a cluster that grows is sized for the worker types it says it has (the price table
+        # only adds dollars); elsewhere the price table's node type, "local" by default
+        types = read_node_types(spec.cluster.address) if scaling else ClusterTypes()
+        worker = worker_type(types, prices, instance_type or spec.cluster.node_type)
+        instance = worker.instance
+        if worker.note:
+            notify(worker.note)
+        profile = load_profile()
+        # the recent runs of this spec (or algorithm) correct the profile's estimate (costing.history)
+        history = recent_history(spec, profile)
         choice = None
         if scaling or check_cost is not None:  # before any chunk is touched
-            choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=load_profile(),
-                                  nodes=nodes, deadline=deadline)
+            ceiling, named = spec.cluster.max_nodes, "cluster.max_nodes"
+            if worker.max_workers is not None and (ceiling is None or worker.max_workers < ceiling):
+                ceiling, named = worker.max_workers, f"the cluster's max_workers of {instance.name}"
+            choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=profile,
+                                  nodes=nodes, deadline=deadline, history=history, max_nodes=ceiling,
+                                  max_nodes_from=named)
             if scaling:
+                request = node_request(choice, spec)
+                check_request(types, count=request.count, cpus=request.cpus,
+                              object_store_bytes=request.object_store_bytes, node_type=request.node_type)
                 notify(f"nodes: {choice.line}")
             if check_cost is not None:
                 check_cost(choice.estimate)
@@ -251,6 +271,8 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
     if done is not None:
         return RunOutcome(spec, skipped=True, manifest=done.manifest, description=job.describe())
     started += time.perf_counter() - waiting  # time spent waiting for another run is not this run's
+    if history.line():
+        notify(f"history: {history.line()}")
     store = CheckpointStore(output.backend, spec.digest())
     if restart:
         store.clear()
@@ -275,12 +297,11 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
 
             stack.enter_context(watching(metrics.stores))  # what the stores really held, per node
 
-            profile = load_profile()
             # the nodes the autoscaler started for the job: the estimate waits for them too
             added = len(metrics.nodes.added) if scaling and metrics.nodes is not None else 0
             predicted = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
                                      profile=profile, store_bytes=cluster.object_store_per_node,
-                                     nodes_added=added).as_dict()
+                                     nodes_added=added, history=history).as_dict()
             # what a live view needs to tell the time left: each stage's predicted wall time
             metrics.emit("estimate", wall_seconds=predicted["wall_seconds"],
                          iterations=predicted["iterations"]["assumed"],
@@ -314,7 +335,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         if isinstance(ran, int) and ran > 0 and ran != predicted["iterations"]["assumed"]:
             rescaled = estimate_job(job, spec, nodes=len(cluster.node_ids), instance=instance, prices=prices,
                                     profile=profile, iterations=ran, store_bytes=cluster.object_store_per_node,
-                                    nodes_added=added).as_dict()
+                                    nodes_added=added, history=history).as_dict()
             rescaled["iterations"]["from"] = "the iterations the run did"
         report = build_report(
             spec, metrics, wall_seconds=time.perf_counter() - started, cluster=cluster, result=result,
@@ -323,6 +344,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         if choice is not None and scaling:
             report["nodes"]["requested"] = choice.nodes
             report["nodes"]["choice"] = choice.line
+            report["nodes"]["types"] = {"source": types.source or None, "offer": types.offer() or None}
         resumed = checkpoints.resumed
         report["checkpoints"] = {
             "every_seconds": spec.run.checkpoint_every, "saved": checkpoints.saved,
@@ -333,6 +355,12 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         output.write_text("report.html", html)
         kill_point("publish")
         manifest = output.commit()
+        # published: this run now corrects the next estimates of its spec (a rerun that finds
+        # the output complete publishes nothing, and records nothing)
+        try:
+            save_record(record_from_report(report, run_id=manifest["run_id"], spec=spec, profile=profile))
+        except OSError as exc:  # the result is published; only the next estimate loses this run
+            notify(f"history: this run was not recorded ({exc})")
         metrics.emit("publish", uri=str(spec.output), run_id=manifest["run_id"], prefix=manifest["prefix"])
         store.clear()  # published: no run needs them now
     except BaseException as exc:

@@ -19,6 +19,9 @@ os.environ.update(
     AWS_DEFAULT_REGION="us-east-1",
     RAY_USAGE_STATS_ENABLED="0",
     RAY_AUTH_MODE="disabled",
+    # each test's estimates come from the profile alone, whatever ran before it (and nothing is
+    # written under the working directory); tests of the history point this at their own
+    ARRAYJOB_HISTORY="off",
 )
 os.environ.pop("AWS_PROFILE", None)
 

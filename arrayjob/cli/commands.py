@@ -189,14 +189,16 @@ def _warn(message: str) -> None:
 
 def _choose(job_spec, job, *, nodes: int | None, deadline: float | None, instance_type: str | None,
             iterations: int | None, prices_path: str | None, profile_path: str | None):
+    from arrayjob.costing.history import recent_history
     from arrayjob.costing.prices import load_prices
     from arrayjob.costing.profile import load_profile
     from arrayjob.costing.sizing import choose_nodes
 
     prices = load_prices(prices_path)
     instance = prices.instance(instance_type or job_spec.cluster.node_type or "local")
+    profile = load_profile(profile_path)
     return choose_nodes(job, job_spec, nodes=nodes, deadline=deadline, instance=instance, prices=prices,
-                        profile=load_profile(profile_path), iterations=iterations)
+                        profile=profile, iterations=iterations, history=recent_history(job_spec, profile))
 
 
 def _check_cost(est, max_cost: float | None) -> None:

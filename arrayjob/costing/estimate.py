@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from arrayjob.costing.history import OTHER, History
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
@@ -58,10 +59,13 @@ class StageEstimate:
     bytes_reread: int = 0  # streamed blocks read from storage again (in bytes_read too)
     reread_requests: int = 0
     spill_bytes_read: int = 0  # streamed blocks read back from the nodes' spill
+    profile_wall_seconds: float | None = None  # the profile's prediction, before a history corrected it
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "runs": self.runs, "wall_seconds": round(self.wall_seconds, 4),
+            "profile_wall_seconds": round(self.wall_seconds if self.profile_wall_seconds is None
+                                          else self.profile_wall_seconds, 4),
             "storage.bytes_read": self.bytes_read, "storage.get_requests": self.get_requests,
             "storage.bytes_written": self.bytes_written, "storage.put_requests": self.put_requests,
             "storage.bytes_reread": self.bytes_reread, "memory.spill_bytes_read": self.spill_bytes_read,
@@ -88,6 +92,7 @@ class Estimate:
     memory: MemoryModel | None = field(default=None, repr=False)  # its decisions, program by program
     nodes_added: int = 0  # of ``nodes``, those the autoscaler must start for the job
     node_startup_seconds: float = 0.0  # what starting one takes (they start together)
+    history: History | None = None  # the recent runs that corrected the stages' times, or why none did
 
     def total(self, key: str) -> float:
         return sum(getattr(s, key) for s in self.stages)
@@ -146,6 +151,7 @@ class Estimate:
             "assumptions": self.assumptions(),
             "profile": {"name": self.profile.name, "measured_at": self.profile.measured_at or None,
                         "calibrated": self.profile.calibrated},
+            **({"history": self.history.as_dict()} if self.history is not None else {}),
             **({"warning": self.memory_warning} if self.memory_warning else {}),
         }
 
@@ -261,11 +267,14 @@ def estimate_cluster(nodes: int, instance: Instance, profile: MachineProfile) ->
 
 def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices: PriceTable,
                  profile: MachineProfile, iterations: int | None = None, store_bytes: int | None = None,
-                 rates: StreamRates | None = None, nodes_added: int = 0) -> Estimate:
+                 rates: StreamRates | None = None, nodes_added: int = 0,
+                 history: History | None = None) -> Estimate:
     """Plan every program ``job`` runs on ``nodes`` × ``instance`` and price it, under the
     memory budget (``planner.residency``: what is streamed, from where, at what cost).
     ``nodes_added`` of the nodes are not up yet: the job waits for them to start
-    (``node_startup_seconds``), and pays for them meanwhile.
+    (``node_startup_seconds``), and pays for them meanwhile. ``history`` (``costing.history``)
+    corrects each stage's time by the recent runs' measured / predicted ratio, and, for the
+    spec's own runs, assumes the iterations they did (unless ``iterations`` is given).
 
     Raises ``BudgetError`` when a block cannot fit the budget even streamed."""
     cluster = estimate_cluster(nodes, instance, profile)
@@ -273,6 +282,10 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     options = PlanOptions(tiling=spec.planner.tiling, fusion=spec.planner.fusion,
                           placement=spec.planner.placement, cluster=cluster)
     assumed, source = job.iterations_assumed(iterations)
+    if history is not None and iterations is None and history.iterations:
+        done = history.iterations  # an iterative job's own runs say how many it takes
+        if job.iterations_assumed(done)[0] == done != assumed:
+            assumed, source = done, f"the iterations of this spec's last {len(history.records)} run(s)"
     rates = rates or stream_rates(profile)
     options = dataclasses.replace(options, target_block_bytes=job_block_target(job, options, budget,
                                                                                repeats=assumed, rates=rates))
@@ -445,7 +458,30 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                       nodes_added=max(0, min(nodes, nodes_added)),
                       node_startup_seconds=node_startup_seconds(spec, instance) if nodes_added > 0 else 0.0)
     result.memory_warning = memory_warning(result.peak_bytes_per_node, instance)
+    if history is not None:
+        learn(result, history)
     return result
+
+
+def learn(est: Estimate, history: History) -> None:
+    """Correct ``est``'s stage times by ``history``'s ratios (``costing.history``), keeping the
+    profile's own in ``profile_wall_seconds``. A sized run waits for its nodes in its connect
+    stage, so connect's ratio covers the scale-up; stages a run does not time (shutdown) take
+    the ratio of what the run's wall time held beyond its stages."""
+    est.history = history
+    factors = history.factors()
+    if not factors:
+        return
+    for stage in est.stages:
+        stage.profile_wall_seconds = stage.wall_seconds
+        factor = factors.get(stage.name, factors.get(OTHER))
+        if factor is None:
+            continue
+        if stage.name == "connect" and est.scale_up_seconds:
+            waited = (stage.wall_seconds + est.scale_up_seconds) * factor
+            stage.wall_seconds = max(0.0, waited - est.scale_up_seconds)
+        else:
+            stage.wall_seconds *= factor
 
 
 # the share of a node's memory a plan may fill when nodes are counted (Ray's object store,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arrayjob.costing.estimate import MEMORY_HEADROOM, Estimate, estimate_job
+from arrayjob.costing.history import History
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.errors import CapacityError, CostLimitError
@@ -97,9 +98,10 @@ class _Pricer:
     """Estimates of one job by node count, each made once."""
 
     def __init__(self, job: Any, spec: Any, instance: Instance, prices: PriceTable, profile: MachineProfile,
-                 iterations: int | None, nodes_up: int | None = None) -> None:
+                 iterations: int | None, nodes_up: int | None = None, history: History | None = None) -> None:
         self.job, self.spec, self.instance = job, spec, instance
         self.prices, self.profile, self.iterations = prices, profile, iterations
+        self.history = history
         self.nodes_up = nodes_up  # None: the cluster does not grow for the job
         self.estimates: dict[int, Estimate] = {}
 
@@ -108,7 +110,8 @@ class _Pricer:
             added = 0 if self.nodes_up is None else max(0, nodes - self.nodes_up)
             self.estimates[nodes] = estimate_job(self.job, self.spec, nodes=nodes, instance=self.instance,
                                                  prices=self.prices, profile=self.profile,
-                                                 iterations=self.iterations, nodes_added=added)
+                                                 iterations=self.iterations, nodes_added=added,
+                                                 history=self.history)
         return self.estimates[nodes]
 
     def peak(self, nodes: int) -> int:
@@ -171,7 +174,8 @@ def _ratio(a: float, b: float) -> str:
 def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable, profile: MachineProfile,
                  nodes: int | None = None, deadline: float | None = None, iterations: int | None = None,
                  min_nodes: int | None = None, max_nodes: int | None = None, local: bool | None = None,
-                 nodes_up: int | None = 0) -> NodeChoice:
+                 nodes_up: int | None = 0, history: History | None = None,
+                 max_nodes_from: str = "cluster.max_nodes") -> NodeChoice:
     """Choose how many ``instance`` nodes ``job`` runs on, from its estimate (see the module's
     rules). ``min_nodes``/``max_nodes`` default to the spec's ``[cluster]`` keys; ``deadline``
     is in seconds. ``local`` (default: ``cluster.address`` is ``"local"``): the job runs on
@@ -181,7 +185,9 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
     the nodes beyond the ``nodes_up`` worker nodes it has (default none: ``arrayjob estimate``
     does not connect), and each count's estimate waits for them to start
     (``estimate.node_startup_seconds``). ``nodes_up=None``: every count is up when the job
-    starts (a cluster deployed at the chosen size).
+    starts (a cluster deployed at the chosen size). ``history`` (``costing.history``): each
+    count's estimate is corrected by the recent runs of the spec. ``max_nodes_from`` names what
+    set ``max_nodes`` in errors (the node type's ``max_workers``, when the cluster's is lower).
 
     >>> choice = choose_nodes(job, spec, instance=prices.instance("r5.2xlarge"), prices=prices,
     ...                       profile=load_profile(), max_nodes=16)   # doctest: +SKIP
@@ -194,13 +200,13 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
     if local is None:
         local = spec.cluster.address == "local"
     grows = not local and nodes_up is not None and (nodes is not None or deadline is not None or ceiling is not None)
-    price = _Pricer(job, spec, instance, prices, profile, iterations, nodes_up if grows else None)
+    price = _Pricer(job, spec, instance, prices, profile, iterations, nodes_up if grows else None, history)
     usable = usable_bytes(instance)
     store = f"{size(usable)} usable of a {size(instance.object_store_bytes)} object store"
 
     if nodes is not None:
         if ceiling is not None and nodes > ceiling:
-            raise CapacityError(f"--nodes {nodes} is above cluster.max_nodes ({ceiling})")
+            raise CapacityError(f"--nodes {nodes} is above {max_nodes_from} ({ceiling})")
         fits = price.fits(nodes)
         needed = nodes if fits else _memory_count(price, 1, limit)
         reason = "fixed by --nodes" + ("" if fits else f"; its plan needs {size(price.peak(nodes))} on a node "
@@ -219,7 +225,7 @@ def choose_nodes(job: Any, spec: Any, *, instance: Instance, prices: PriceTable,
     peak = size(price.peak(needed))
     if ceiling is not None and needed > ceiling:
         raise CapacityError(f"the plan needs {needed} × {instance.name} to hold its peak of {peak} per node "
-                            f"({store}), but cluster.max_nodes is {ceiling}")
+                            f"({store}), but {max_nodes_from} is {ceiling}")
 
     if deadline is not None:
         return _by_deadline(price, needed, limit, deadline)

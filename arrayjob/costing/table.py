@@ -69,6 +69,8 @@ def table(est: Estimate, choice: str = "") -> str:
     if choice:
         lines.append(f" Nodes: {choice}")
     lines += [f" Assumes: {a}" for a in est.assumptions()]
+    if est.history is not None and est.history.line():
+        lines.append(f" History: {est.history.line()}")
     if not est.profile.calibrated:
         lines.append(f" Estimate {UNCALIBRATED}")
     lines.append("")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 import zarr
 from sklearn.linear_model import LogisticRegression
 
-from tests.autoscale.conftest import IDLE_TIMEOUT, cluster_env, wait_for_workers, workers
+from tests.autoscale.conftest import HERE, IDLE_TIMEOUT, cluster_env, wait_for_workers, workers
 from tests.helpers import read_result
 
 # 194 MB of X (10 blocks of 19.2 MB) and y: over 100 MB object stores (80 MB usable), 3 nodes
@@ -130,3 +131,47 @@ def test_a_job_killed_outright_gives_the_nodes_back(fake_cluster, job):
         run.kill()
         run.wait(timeout=30)
     assert wait_for_workers(fake_cluster, 0, timeout=IDLE_TIMEOUT + 90) <= IDLE_TIMEOUT + 90
+
+
+def untyped(root: Path, output: str) -> str:
+    """The job's spec without ``cluster.node_type``, publishing to ``output``: sized for the
+    node types the cluster says it has (issue 29)."""
+    spec = root / f"{output}.toml"
+    spec.write_text(SPEC.replace('node_type = "fake.small"\n', "").replace('uri = "out"', f'uri = "{output}"'))
+    return spec.name
+
+
+@pytest.mark.timeout(420)
+def test_without_a_node_type_the_clusters_own_type_is_asked_for(fake_cluster, job):
+    """Read from the autoscaler's config: fake.small, 1 CPU and a 100 MB store, up to 6; sized
+    as with node_type = "fake.small" (3 nodes), the price table adding its dollars."""
+    wait_for_workers(fake_cluster, 0, timeout=IDLE_TIMEOUT + 90)
+    done = subprocess.run([str(Path(sys.executable).parent / "arrayjob"), "run", untyped(job, "out-untyped"), "--json",
+                           "--set", f"cluster.address={json.dumps(fake_cluster)}", "--set", "cluster.max_nodes=4"],
+                          cwd=job, env=cluster_env(), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr
+    assert "arrayjob: nodes: 3 × fake.small: the smallest count whose object stores hold" in done.stderr
+    report = json.loads(done.stdout)
+    nodes = report["nodes"]
+    assert nodes["requested"] == 3 and nodes["added"] >= 3 and nodes["instance_type"] == "fake.small"
+    assert nodes["types"]["offer"] == "fake.small (1 CPU, 100.0 MB object store, up to 6)"
+    assert nodes["types"]["source"].endswith("tests/autoscale/fake_cluster.yaml")
+    assert report["dollars"]["compute"] == pytest.approx(nodes["node_seconds"] / 3600 * 0.1, abs=1e-6)
+    assert wait_for_workers(fake_cluster, 0, timeout=IDLE_TIMEOUT + 60) <= IDLE_TIMEOUT + 60
+
+
+@pytest.mark.timeout(120)
+def test_a_request_no_node_type_can_hold_fails_within_a_minute(fake_cluster, job):
+    """2-CPU nodes ("local" in the price table) on a cluster whose only worker type has 1."""
+    started = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).parent / "arrayjob"), "run", untyped(job, "out-impossible"),
+                           "--set", f"cluster.address={json.dumps(fake_cluster)}", "--set", "cluster.max_nodes=4",
+                           "--set", 'cluster.node_type="local"'],
+                          cwd=job, env=cluster_env(), capture_output=True, text=True, timeout=100)
+    assert time.monotonic() - started < 60
+    assert done.returncode == 7, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("arrayjob: error: the job asks the autoscaler for 1 × local node(s) of 2 CPUs and a ")
+    assert last.endswith(" object store, which no worker type of the cluster can hold: fake.small (1 CPU, 100.0 MB "
+                         f"object store, up to 6) (from the autoscaler's config {HERE / 'fake_cluster.yaml'})")
+    assert not (job / "out-impossible").exists() and workers(fake_cluster) == 0  # nothing was asked of the autoscaler
