@@ -217,7 +217,7 @@ def test_inputs_entry_forms(tmp_path):
     ('{ uri = "x.zarr", missing_chunks = true }', "inputs.X.missing_chunks: expected one of 'error', 'fill', got True"),
     ('{ missing_chunks = "fill" }', "inputs.X.uri: required key is missing"),
     ('{ uri = "x.zarr", fill = true }',
-     "inputs.X.fill: unknown key (expected one of: uri, format, missing_chunks, columns, column, nulls)"),
+     "inputs.X.fill: unknown key (expected one of: uri, format, missing_chunks, columns, column, nulls, id_column)"),
     ('{ uri = 3 }', "inputs.X.uri: expected a string, got 3"),
 ])
 def test_inputs_entry_errors(tmp_path, entry, message):
