@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrayjob.costing.history import OTHER, History
+from arrayjob.costing.history import History
 from arrayjob.costing.prices import Instance, PriceTable
 from arrayjob.costing.profile import MachineProfile
 from arrayjob.io.arrays import write_requests
@@ -459,29 +459,9 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
                       node_startup_seconds=node_startup_seconds(spec, instance) if nodes_added > 0 else 0.0)
     result.memory_warning = memory_warning(result.peak_bytes_per_node, instance)
     if history is not None:
-        learn(result, history)
+        result.history = history
+        history.correct(result.stages, result.scale_up_seconds)
     return result
-
-
-def learn(est: Estimate, history: History) -> None:
-    """Correct ``est``'s stage times by ``history``'s ratios (``costing.history``), keeping the
-    profile's own in ``profile_wall_seconds``. A sized run waits for its nodes in its connect
-    stage, so connect's ratio covers the scale-up; stages a run does not time (shutdown) take
-    the ratio of what the run's wall time held beyond its stages."""
-    est.history = history
-    factors = history.factors()
-    if not factors:
-        return
-    for stage in est.stages:
-        stage.profile_wall_seconds = stage.wall_seconds
-        factor = factors.get(stage.name, factors.get(OTHER))
-        if factor is None:
-            continue
-        if stage.name == "connect" and est.scale_up_seconds:
-            waited = (stage.wall_seconds + est.scale_up_seconds) * factor
-            stage.wall_seconds = max(0.0, waited - est.scale_up_seconds)
-        else:
-            stage.wall_seconds *= factor
 
 
 # the share of a node's memory a plan may fill when nodes are counted (Ray's object store,

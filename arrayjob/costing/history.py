@@ -23,9 +23,10 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from arrayjob.costing.profile import DEFAULT_PATH, MachineProfile
 
@@ -170,6 +171,25 @@ class History:
             told += f", {self.iterations} iteration(s) assumed"
         return told
 
+    def correct(self, stages: Sequence[StageTimes], scale_up_seconds: float) -> None:
+        """Correct the stages' times by the recent runs' measured / predicted ratios, keeping the
+        profile's own in ``profile_wall_seconds``. A sized run waits for its nodes in its connect
+        stage, so connect's ratio covers the scale-up (``scale_up_seconds``); stages a run does
+        not time (shutdown) take the ratio of what the run's wall time held beyond its stages."""
+        factors = self.factors()
+        if not factors:
+            return
+        for stage in stages:
+            stage.profile_wall_seconds = stage.wall_seconds
+            factor = factors.get(stage.name, factors.get(OTHER))
+            if factor is None:
+                continue
+            if stage.name == "connect" and scale_up_seconds:
+                waited = (stage.wall_seconds + scale_up_seconds) * factor
+                stage.wall_seconds = max(0.0, waited - scale_up_seconds)
+            else:
+                stage.wall_seconds *= factor
+
     def as_dict(self) -> dict[str, Any]:
         return {"used": self.used, "kind": self.kind, "where": self.where or None, "line": self.line(),
                 "run_ids": [r.run_id for r in self.records],
@@ -177,6 +197,13 @@ class History:
 
 
 NO_HISTORY = History(None)  # learning turned off (ARRAYJOB_HISTORY=off): nothing to say
+
+
+class StageTimes(Protocol):
+    """What ``History.correct`` reads and sets of an estimate's stage (``costing.estimate.StageEstimate``)."""
+    name: str
+    wall_seconds: float
+    profile_wall_seconds: float | None
 
 
 def recent_history(spec: Any, profile: MachineProfile, directory: Path | None = None,
