@@ -5,6 +5,7 @@ warning and exit 0; the spec asking for MLflow without the client installed is o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -55,11 +56,13 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # its own session: the server and its uvicorn worker
+        with contextlib.suppress(ProcessLookupError):  # its group is gone when it failed to start
+            os.killpg(server.pid, signal.SIGTERM)  # its own session: the server and its uvicorn worker
         try:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=10)
         log.close()
 
