@@ -8,6 +8,7 @@ the ratio to the best peer and to the limit measured in the same run.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import statistics
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -283,3 +285,21 @@ def run_measured(command: list[str], **kwargs: Any) -> tuple[float, int, int, st
     if child.returncode != 0:
         raise subprocess.CalledProcessError(child.returncode, command, out, "\n".join(err.splitlines()[-20:]))
     return seconds, peak.peak_bytes, peak.most_processes, out
+
+
+def script_arguments(description: str, sizes: Any, workloads: Any, workdir: Path) -> tuple[argparse.Namespace, list[str]]:
+    """The options every side benchmark script takes (``bench_sparse.py``, ``models.py``): its
+    size, the workloads to run (``--only``, checked against ``workloads``), the timed runs, where
+    its data go, and where its JSON and Markdown go; returns them and the workloads chosen."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--size", choices=list(sizes), default="quick")
+    parser.add_argument("--only", default=",".join(workloads), help=f"comma-separated, of: {', '.join(workloads)}")
+    parser.add_argument("--repeat", type=int, default=3, help="timed in-process runs after one warm-up (median)")
+    parser.add_argument("--workdir", type=Path, default=workdir)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args()
+    only = [w.strip() for w in args.only.split(",") if w.strip()]
+    if unknown := sorted(set(only) - set(workloads)):
+        parser.error(f"--only: unknown workload(s) {', '.join(unknown)} (expected: {', '.join(workloads)})")
+    return args, only

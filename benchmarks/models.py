@@ -28,7 +28,6 @@ these rows when it gains the models. Until then they say "not measured".
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -47,7 +46,17 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_harness import Row, Timing, commit, finish, machine_line, markdown, timed, versions  # noqa: E402
+from bench_harness import (  # noqa: E402
+    Row,
+    Timing,
+    commit,
+    finish,
+    machine_line,
+    markdown,
+    script_arguments,
+    timed,
+    versions,
+)
 
 
 @dataclass(frozen=True)
@@ -436,17 +445,7 @@ def describe(name: str, s: Size) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=list(SIZES), default="quick")
-    parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated, of: {', '.join(WORKLOADS)}")
-    parser.add_argument("--repeat", type=int, default=3, help="timed in-process runs after one warm-up (median)")
-    parser.add_argument("--workdir", type=Path, default=REPO / ".arrayjob" / "bench" / "models")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--markdown", type=Path)
-    args = parser.parse_args()
-    only = [w.strip() for w in args.only.split(",") if w.strip()]
-    if unknown := sorted(set(only) - set(WORKLOADS)):
-        parser.error(f"--only: unknown workload(s) {', '.join(unknown)} (expected: {', '.join(WORKLOADS)})")
+    args, only = script_arguments(__doc__.splitlines()[0], SIZES, WORKLOADS, REPO / ".arrayjob" / "bench" / "models")
     import ray
 
     size = SIZES[args.size]
