@@ -315,3 +315,20 @@ def publish_model(output: str | Path, algorithm: str, arrays: dict[str, np.ndarr
     (root / prefix / "report.json").write_text(json.dumps({"algorithm": algorithm, "spec": spec}))
     (root / "_SUCCESS").write_text(json.dumps({"run_id": run_id, "prefix": prefix}))
     return str(root)
+
+
+def run_tiny_benchmark(script: str, tmp_path: Path, timeout: float) -> dict[str, Any]:
+    """``benchmarks/<script> --size tiny --repeat 1`` in a process of its own, its data and
+    outputs under ``tmp_path``; the JSON document it wrote (asserts it exited 0)."""
+    import json
+    import subprocess
+    import sys
+
+    stem = Path(script).stem
+    out = tmp_path / f"{stem}.json"
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / script),
+                           "--size", "tiny", "--repeat", "1", "--workdir", str(tmp_path / "work"),
+                           "--json", str(out), "--markdown", str(tmp_path / f"{stem}.md")],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())

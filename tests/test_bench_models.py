@@ -5,17 +5,15 @@ Markdown it writes. About 30 s on a quiet machine (one Ray start)."""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_tiny_benchmark
+
 pytestmark = pytest.mark.cli
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "models.py"
 WORKLOADS = {"multinomial logreg": "scikit-learn", "elastic-net logreg": "scikit-learn",
              "elastic-net linreg": "scikit-learn", "PCA": "scikit-learn", "GMM": "scikit-learn",
              "ALS": "NumPy + SciPy (no scikit-learn ALS)", "predict": "scikit-learn"}
@@ -30,12 +28,7 @@ def agrees(note: str, what: str) -> float:
 
 @pytest.mark.timeout(420)
 def test_the_models_benchmark_runs_at_tiny_size(tmp_path: Path) -> None:
-    out = tmp_path / "models.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", "--repeat", "1", "--workdir",
-                           str(tmp_path / "work"), "--json", str(out), "--markdown", str(tmp_path / "models.md")],
-                          capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(out.read_text())
+    doc = run_tiny_benchmark("models.py", tmp_path, timeout=400)
     assert doc["complete"] is True
     rows = {(r["workload"], r["system"]): r for r in doc["rows"]}
     assert sorted(rows) == sorted((w, s) for w, peer in WORKLOADS.items() for s in ("arrayjob", peer, "Spark MLlib"))

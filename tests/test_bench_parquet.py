@@ -4,27 +4,20 @@ row in the JSON and Markdown it writes. About 20 s on a quiet machine (one Ray s
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_tiny_benchmark
+
 pytestmark = pytest.mark.cli
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "parquet.py"
 SYSTEMS = ["arrayjob (Parquet)", "arrayjob (Zarr)", "pyarrow, one process"]
 
 
 @pytest.mark.timeout(360)
 def test_the_parquet_benchmark_runs_at_tiny_size(tmp_path: Path) -> None:
-    out = tmp_path / "parquet.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", "--repeat", "1", "--workdir",
-                           str(tmp_path / "work"), "--json", str(out), "--markdown", str(tmp_path / "parquet.md")],
-                          capture_output=True, text=True, timeout=340)
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(out.read_text())
+    doc = run_tiny_benchmark("parquet.py", tmp_path, timeout=340)
     assert doc["complete"] is True and "load average" in doc["uptime"]
     rows = {r["system"]: r for r in doc["rows"]}
     assert sorted(rows) == sorted(SYSTEMS)

@@ -4,27 +4,20 @@ every row in the JSON and Markdown it writes. About 25 s on a quiet machine (two
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_tiny_benchmark
+
 pytestmark = pytest.mark.cli
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sparse.py"
 SYSTEMS = ["arrayjob", "one read of the CSR bytes (the floor)", "scikit-learn"]
 
 
 @pytest.mark.timeout(360)
 def test_the_sparse_benchmark_runs_at_tiny_size(tmp_path: Path) -> None:
-    out = tmp_path / "sparse.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--size", "tiny", "--repeat", "1", "--workdir",
-                           str(tmp_path / "work"), "--json", str(out), "--markdown", str(tmp_path / "sparse.md")],
-                          capture_output=True, text=True, timeout=340)
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(out.read_text())
+    doc = run_tiny_benchmark("bench_sparse.py", tmp_path, timeout=340)
     assert doc["complete"] is True
     rows = {(r["workload"], r["system"]): r for r in doc["rows"]}
     assert sorted(rows) == sorted((w, s) for w in ("sparse logreg loss+grad", "sparse KMeans") for s in SYSTEMS)
@@ -51,5 +44,5 @@ def test_the_sparse_benchmark_runs_at_tiny_size(tmp_path: Path) -> None:
     for m in memory.values():
         assert min(m["input_block_bytes_per_node"]) > 0 and m["ratio"] > 0 and m["target_met"] in (True, False)
 
-    table = (tmp_path / "sparse.md").read_text()
+    table = (tmp_path / "bench_sparse.md").read_text()
     assert table.count("| **arrayjob** |") == 2 and "scikit-learn" in table and "× held" in table

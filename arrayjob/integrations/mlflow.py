@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from arrayjob.errors import SpecError
 from arrayjob.integrations.base import RunObserver, RunPublished, RunStarted, first_line
+from arrayjob.report.build import lookup
 
 if TYPE_CHECKING:
     from arrayjob.runtime.metrics import ProgressEvent
@@ -66,15 +67,6 @@ def check_installed(spec: JobSpec) -> bool:
             raise SpecError(f"tracking.mlflow: MLflow's client is not installed ({EXTRA})") from None
         return False
     return True
-
-
-def _lookup(doc: Mapping[str, Any], key: str) -> Any:
-    node: Any = doc
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _flat(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
@@ -165,7 +157,7 @@ class MlflowRun(RunObserver):
         assert self.run_id is not None
         self._flush()
         report, stamp = published.report, int(time.time() * 1000)
-        figures = {name: _lookup(report, key) for name, key in FINAL_FIGURES.items()}
+        figures = {name: lookup(report, key) for name, key in FINAL_FIGURES.items()}
         figures.update({f"estimate_error.{k}": v for k, v in (report.get("estimate_error") or {}).items()})
         figures.update({f"result.{k}": v for k, v in (report.get("result") or {}).items()})
         metrics = [Metric(k, n, stamp, 0) for k, v in figures.items() if (n := _number(v)) is not None]

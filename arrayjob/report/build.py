@@ -10,6 +10,7 @@ them, under ``estimate``, the prediction made for this run before it started, an
 from __future__ import annotations
 
 import platform
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from arrayjob import __version__
@@ -26,11 +27,11 @@ COMPARED = ("wall_seconds", "storage.bytes_read", "storage.get_requests", "stora
             "nodes.node_seconds", "dollars.total")
 
 
-def lookup(doc: dict[str, Any], key: str) -> Any:
+def lookup(doc: Mapping[str, Any], key: str) -> Any:
     """``doc['a']['b']`` for ``key = 'a.b'``, or None."""
     node: Any = doc
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
+        if not isinstance(node, Mapping) or part not in node:
             return None
         node = node[part]
     return node
