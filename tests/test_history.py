@@ -86,6 +86,31 @@ def test_the_median_of_the_recent_runs_and_only_this_profiles(spec, history, cap
     assert estimate(spec, capsys)["wall_seconds"] == pytest.approx(plain["wall_seconds"], rel=1e-3)
 
 
+def test_the_wall_time_is_the_median_of_the_runs_totals_shared_by_the_stages(spec, history, capsys):
+    """Three runs, each slow in a different stage: every stage's median ratio is 1, yet every
+    run took longer than the profile said. The estimate's wall time is the median run's (not
+    the profile's, as a sum of per-stage medians would say); the stages keep their shares."""
+    plain = estimate(spec, capsys, "--iterations", "30")
+    one = load_spec(spec)
+    profile = {s["name"]: s["profile_wall_seconds"] for s in plain["stages"] if s["name"] != "shutdown"}
+    profile[OTHER] = next(s["profile_wall_seconds"] for s in plain["stages"] if s["name"] == "shutdown")
+    slow = sorted(profile, key=profile.get)[-3:]  # the three longest stages, one slow in each run
+    totals = []
+    for i, name in enumerate(slow):
+        stages = {n: (p, p * (3.0 if n == name else 1.0)) for n, p in profile.items()}
+        totals.append(sum(m for _, m in stages.values()))
+        save_record(RunRecord(f"r{i}", one.digest(), one.algorithm, storage_key(one), f"{SHIPPED.name} @ shipped",
+                              1000.0 + i, 1, 30, (plain["wall_seconds"], totals[-1]), stages), history)
+    learned = estimate(spec, capsys)
+    median_total = sorted(totals)[1]
+    assert learned["wall_seconds"] == pytest.approx(median_total, rel=1e-3)
+    assert learned["wall_seconds"] > 1.1 * plain["wall_seconds"]
+    share = median_total / plain["wall_seconds"]
+    for before, after in zip(plain["stages"], learned["stages"], strict=True):
+        assert after["wall_seconds"] == pytest.approx(share * before["wall_seconds"], rel=1e-3, abs=1e-4)
+    assert f"the wall time ×{share:.2f} of the profile's" in learned["history"]["line"]
+
+
 def test_another_spec_of_the_algorithm_lends_its_ratios_not_its_iterations(spec, history, workdir, capsys):
     plain = estimate(spec, capsys)
     sibling = write_spec(workdir / "other.toml", inputs={"X": "X.zarr", "y": "y.zarr"}, output="out2",

@@ -6,7 +6,10 @@ stage, the seconds the profile predicted for the iterations the run did and the 
 run measured (report.json's ``stages`` and ``estimate.stages``), its wall time, and the
 iterations it ran. The next ``estimate`` or ``run`` of the same spec (its digest: job,
 inputs, params, output) made with the same profile multiplies each stage's predicted
-seconds by the median of the recent runs' measured / predicted ratios, and assumes the
+seconds by the median of the recent runs' measured / predicted ratios, then scales the
+stages together so that their sum is the profile's wall time times the median of the runs'
+measured / predicted wall times (a sum of per-stage medians runs low when the stages' slow
+runs are not the same runs: the median of the totals is the total's), and assumes the
 median of their iteration counts; with no run of that spec, the recent runs of the same
 algorithm on the same storage give the ratios alone (their data differ; their iteration
 counts say nothing of this one's). Spartan refines its costs from observed runs; this is
@@ -151,6 +154,11 @@ class History:
                     ratios.setdefault(name, []).append(measured / predicted)
         return {name: statistics.median(values) for name, values in ratios.items()}
 
+    def wall_factor(self) -> float | None:
+        """The median over the records of their measured / predicted wall times."""
+        ratios = [m / p for p, m in (r.wall_seconds for r in self.records) if p > 0]
+        return statistics.median(ratios) if ratios else None
+
     @property
     def iterations(self) -> int | None:
         """The iterations this spec's runs did (their median): only a spec's own history says."""
@@ -163,10 +171,9 @@ class History:
             return self.note
         runs = len(self.records)
         what = "this spec" if self.kind == "spec" else f"{self.records[0].algorithm} on the same storage"
-        wall = statistics.median(m / p for p, m in (r.wall_seconds for r in self.records) if p > 0) \
-            if any(r.wall_seconds[0] > 0 for r in self.records) else 1.0
-        told = f"the last {runs} run{'s' if runs > 1 else ''} of {what} ({self.where}): stages corrected by their " \
-               f"measured / predicted times (wall ×{wall:.2f} of the profile's)"
+        wall = self.wall_factor() or 1.0
+        told = f"the last {runs} run{'s' if runs > 1 else ''} of {what} ({self.where}): the wall time ×{wall:.2f} " \
+               f"of the profile's (the median of theirs), shared by the stages' measured / predicted times"
         if self.iterations:
             told += f", {self.iterations} iteration(s) assumed"
         return told
@@ -175,10 +182,12 @@ class History:
         """Correct the stages' times by the recent runs' measured / predicted ratios, keeping the
         profile's own in ``profile_wall_seconds``. A sized run waits for its nodes in its connect
         stage, so connect's ratio covers the scale-up (``scale_up_seconds``); stages a run does
-        not time (shutdown) take the ratio of what the run's wall time held beyond its stages."""
+        not time (shutdown) take the ratio of what the run's wall time held beyond its stages.
+        The stages are then scaled together to the runs' median wall ratio (``wall_factor``)."""
         factors = self.factors()
         if not factors:
             return
+        profile_total = sum(stage.wall_seconds for stage in stages)
         for stage in stages:
             stage.profile_wall_seconds = stage.wall_seconds
             factor = factors.get(stage.name, factors.get(OTHER))
@@ -189,6 +198,12 @@ class History:
                 stage.wall_seconds = max(0.0, waited - scale_up_seconds)
             else:
                 stage.wall_seconds *= factor
+        wall = self.wall_factor()
+        corrected = sum(stage.wall_seconds for stage in stages)
+        if wall is not None and corrected > 0:
+            share = max(0.0, (profile_total + scale_up_seconds) * wall - scale_up_seconds) / corrected
+            for stage in stages:
+                stage.wall_seconds *= share
 
     def as_dict(self) -> dict[str, Any]:
         return {"used": self.used, "kind": self.kind, "where": self.where or None, "line": self.line(),
