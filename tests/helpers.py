@@ -319,16 +319,23 @@ def publish_model(output: str | Path, algorithm: str, arrays: dict[str, np.ndarr
 
 def run_tiny_benchmark(script: str, tmp_path: Path, timeout: float) -> dict[str, Any]:
     """``benchmarks/<script> --size tiny --repeat 1`` in a process of its own, its data and
-    outputs under ``tmp_path``; the JSON document it wrote (asserts it exited 0)."""
+    outputs under ``tmp_path``; the JSON document it wrote (asserts it exited 0).
+
+    Its ``arrayjob run`` processes join this test process's Ray (``RAY_ADDRESS``, as a user's
+    runs join a running cluster) rather than each starting one of its own."""
     import json
+    import os
     import subprocess
     import sys
 
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address} if ray.is_initialized() else None
     stem = Path(script).stem
     out = tmp_path / f"{stem}.json"
     done = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / script),
                            "--size", "tiny", "--repeat", "1", "--workdir", str(tmp_path / "work"),
                            "--json", str(out), "--markdown", str(tmp_path / f"{stem}.md")],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
     assert done.returncode == 0, done.stderr
     return json.loads(out.read_text())

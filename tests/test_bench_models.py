@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import run_tiny_benchmark
 
-pytestmark = pytest.mark.cli
+pytestmark = [pytest.mark.cli, pytest.mark.usefixtures("ray_session")]
 
 WORKLOADS = {"multinomial logreg": "scikit-learn", "elastic-net logreg": "scikit-learn",
              "elastic-net linreg": "scikit-learn", "PCA": "scikit-learn", "GMM": "scikit-learn",

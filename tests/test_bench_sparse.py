@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import run_tiny_benchmark
 
-pytestmark = pytest.mark.cli
+pytestmark = [pytest.mark.cli, pytest.mark.usefixtures("ray_session")]
 
 SYSTEMS = ["arrayjob", "one read of the CSR bytes (the floor)", "scikit-learn"]
 
