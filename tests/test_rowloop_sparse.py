@@ -215,3 +215,99 @@ def test_past_the_loop_scipy_products_never_make_x_dense(program, monkeypatch):
     with np.errstate(all="ignore"):
         got = compiled(args)
     _assert_close(got, _dense_reference(program(), values))
+
+
+# -- k-means over CSR blocks: the nearest centroid, the sums and counts in one visit ----------
+
+
+def _integer_csr(n: int, d: int, index: str, seed: int = 4) -> sp.csr_matrix:
+    """Small integer values (exact sums in any order, so ties are exact), repeated and unsorted
+    columns, every EMPTY_EVERY-th row empty."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 12, n)
+    counts[::EMPTY_EVERY] = 0
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    X = sp.csr_matrix((rng.integers(-3, 4, indptr[-1]).astype(float), rng.integers(0, d, indptr[-1]), indptr),
+                      shape=(n, d))
+    X.indices, X.indptr = X.indices.astype(index), X.indptr.astype(index)
+    return X
+
+
+def _kmeans_step(n: int, d: int, k: int, transposed: bool):
+    """K-means' step as ``jobs.kmeans`` writes it, the centroids (k, d) or held as (d, k)."""
+    x, csq, group = la.value("X", (n, d)), la.value("csq", (k,)), la.value("ids", (k,))
+    product = x @ la.value("C", (d, k)) if transposed else x @ la.value("C", (k, d)).T
+    labels = (csq - 2.0 * product).argmin(axis=1, keepdims=True)
+    onehot = (labels == group) * 1.0
+    return labels, [onehot.T @ x, onehot.sum(axis=0)]
+
+
+@pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0, 4.0], [3.0, 3.0, 9.0, 0.0, 1.0]])  # repeated, missing
+@pytest.mark.parametrize("transposed", [True, False], ids=["C (d, k)", "C (k, d)"])
+@pytest.mark.parametrize("index", ["int32", "int64"])
+def test_the_kmeans_step_over_csr_is_one_loop_and_matches_scipy(index, transposed, ids, monkeypatch):
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    n, d, k = 3001, 500, 5
+    X = _integer_csr(n, d, index)
+    C = np.random.default_rng(1).integers(-2, 3, (k, d)).astype(float)
+    C[3] = C[1]  # equal centroids: every tie goes to the first
+    _, outputs = _kmeans_step(n, d, k, transposed)
+    values = {"X": X, "C": C.T.copy() if transposed else C, "csq": (C**2).sum(1), "ids": np.array(ids)}
+    kernel, args = block_kernel(outputs, values)
+    program = compiler.Program(kernel, args)
+    assert len(program.packed) == 1 and program.csr == program.sparse
+    readers = [op for op in program.ops if any(s in program.sparse for s in op.inputs)]
+    assert len(readers) == 1  # one visit of the non-zeros: no SciPy product, no n × k scores
+    got, want = program(args), kernels.interpret(kernel, *args)  # interpreted: SciPy's products
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("transposed", [True, False], ids=["C (d, k)", "C (k, d)"])
+def test_the_nearest_centroid_of_csr_rows_matches_scipy(transposed, monkeypatch):
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    n, d, k = 2000, 300, 6
+    X = _integer_csr(n, d, "int32", seed=8)
+    C = np.random.default_rng(2).integers(-2, 3, (k, d)).astype(float)
+    labels, _ = _kmeans_step(n, d, k, transposed)
+    values = {"X": X, "C": C.T.copy() if transposed else C, "csq": (C**2).sum(1)}
+    kernel, args = block_kernel([labels], values)
+    program = compiler.Program(kernel, args)
+    assert [r.csr for r in program.rewrites.values()] == [tuple(program.sparse)]  # the one loop, X as CSR
+    np.testing.assert_array_equal(program(args)[0], kernels.interpret(kernel, *args))
+
+
+def test_the_csr_loops_read_a_block_that_starts_inside_its_arrays():
+    """A row block cut from a chunk without copying: its row pointers start past 0 and index
+    into the chunk's whole data and indices."""
+    from arrayjob.kernels import loops
+    from arrayjob.kernels.row_layouts import CSRRows
+
+    n, d, k, lo, hi = 1000, 200, 4, 137, 801
+    X = sp.csr_matrix(np.random.default_rng(3).standard_normal((n, d)) * (np.random.default_rng(4).random((n, d)) < 0.05))
+    C = np.random.default_rng(5).standard_normal((k, d))
+    a, ids = (C**2).sum(1), np.arange(k, dtype=float)
+    Xd, Xi, Xp, _ = CSRRows().arguments(X)
+    block = Xp[lo:hi + 1]  # indptr[0] = the block's first non-zero within the chunk
+    assert block[0] > 0
+    want_labels = (a - 2.0 * (X[lo:hi] @ C.T)).argmin(axis=1, keepdims=True)
+    np.testing.assert_array_equal(loops.nearest_rows_csr(Xd, Xi, block, np.ascontiguousarray(C.T), a, 2.0), want_labels)
+    packed = loops.nearest_group_sums_csr(Xd, Xi, block, d, np.ascontiguousarray(C.T), a, 2.0, ids)
+    onehot = (want_labels == ids) * 1.0
+    np.testing.assert_allclose(packed[:, :d], onehot.T @ X[lo:hi].toarray(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(packed[:, d], onehot.sum(axis=0))
+    sums = loops.group_sum_csr(want_labels[:, 0], ids, Xd, Xi, block, d)
+    np.testing.assert_allclose(sums, packed[:, :d], rtol=1e-12, atol=1e-12)
+
+
+def test_a_csc_block_gets_no_csr_loop(monkeypatch):
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    n, d, k = 500, 100, 3
+    X = _integer_csr(n, d, "int32").tocsc()
+    C = np.random.default_rng(1).integers(-2, 3, (k, d)).astype(float)
+    _, outputs = _kmeans_step(n, d, k, True)
+    kernel, args = block_kernel(outputs, {"X": X, "C": C.T.copy(), "csq": (C**2).sum(1), "ids": np.arange(k, dtype=float)})
+    program = compiler.Program(kernel, args)
+    assert not program.csr and not program.packed
+    for g, w in zip(program(args), kernels.interpret(kernel, *args), strict=True):
+        np.testing.assert_array_equal(g, w)

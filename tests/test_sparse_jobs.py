@@ -121,7 +121,14 @@ def test_linreg_auto_picks_cg_for_a_wide_sparse_x_and_matches_ridge(tmp_path):
     assert result.attrs["converged"] is True
 
 
-def test_kmeans_on_sparse_x_matches_sklearn_from_the_same_centroids(tmp_path):
+@pytest.mark.parametrize("loops", [False, True], ids=["scipy", "csr loop"])
+def test_kmeans_on_sparse_x_matches_sklearn_from_the_same_centroids(tmp_path, loops, monkeypatch):
+    """With SciPy's products (blocks this small) and with the loop over the non-zeros
+    (``loops.nearest_group_sums_csr``, taken by blocks of any size here)."""
+    from arrayjob.kernels import compiler
+
+    if loops:
+        monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
     X, _ = sparse_logreg_data(3000, 60, nnz_per_row=10, seed=5)
     centroids = X[:4].toarray() + 0.01
     write_array(str(tmp_path / "init.zarr"), centroids, centroids.shape)

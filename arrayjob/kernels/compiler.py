@@ -109,10 +109,13 @@ class Program:
         self.shapes, self.dtypes = shapes, dtypes
         sizes = [sparse.nbytes(args[s]) if s in self.sparse else math.prod(shapes[s]) * np.dtype(dtypes[s]).itemsize
                  for s in range(n_args)]
-        loops = max(sizes, default=0) >= LOOP_MIN_BYTES or getattr(kernel, "worker_bytes", 0) >= LOOP_MIN_WORKER_BYTES
+        # the sparse arguments the loops read as they are: CSR blocks past the size rule
+        self.csr = frozenset(s for s in self.sparse if _loops_pay(args[s]))
+        loops = (max(sizes, default=0) >= LOOP_MIN_BYTES or getattr(kernel, "worker_bytes", 0) >= LOOP_MIN_WORKER_BYTES
+                 or bool(self.csr))
         self.may_be_sparse = _may_be_sparse(kernel, self.sparse)
-        self.rewrites = {i: r for i, r in (rewrites(kernel, shapes, dtypes) if loops else {}).items()
-                         if not self.may_be_sparse.intersection(r.inputs)}  # the loops take dense arrays
+        self.rewrites = {i: r for i, r in (rewrites(kernel, shapes, dtypes, self.csr) if loops else {}).items()
+                         if not self.may_be_sparse.intersection(set(r.inputs) - set(r.csr))}  # else dense arrays
         self.packed = packed(kernel, self.rewrites, shapes)  # in extra slots after the steps'
         for pack in self.packed:
             shapes.append(pack.shape)
@@ -131,9 +134,7 @@ class Program:
         if len(self.sparse) != 1:
             return None
         (carrier,) = self.sparse
-        if sparse.nbytes(args[carrier]) < SPARSE_LOOP_MIN_BYTES or getattr(args[carrier], "format", None) != "csr":
-            return None
-        return rowloop.build(self, carrier)
+        return rowloop.build(self, carrier) if carrier in self.csr else None
 
     # -- expressions ---------------------------------------------------------------------
     def _expressible(self, i: int) -> bool:
@@ -260,6 +261,11 @@ class Program:
         else:
             self.chunking.run(vals)
         return [vals[o] for o in self.kernel.outputs]
+
+
+def _loops_pay(block: Any) -> bool:
+    """Whether a sparse block is read by compiled loops: a CSR one past SPARSE_LOOP_MIN_BYTES."""
+    return getattr(block, "format", None) == "csr" and sparse.nbytes(block) >= SPARSE_LOOP_MIN_BYTES
 
 
 def _may_be_sparse(kernel: Any, sparse: frozenset[int]) -> frozenset[int]:
