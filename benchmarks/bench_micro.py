@@ -745,14 +745,16 @@ def kept_map(_: argparse.Namespace) -> None:
         print(f"  SpMV, the block mapped before      {_ms(lambda: mapped @ x)}")
 
 
-def sparse_loop(_: argparse.Namespace) -> None:
-    """The logistic loss and gradient of one 1,000,000-row CSR block, 30 non-zeros a row
+def sparse_loop(args: argparse.Namespace) -> None:
+    """The logistic loss and gradient of one 1,000,000-row (``--rows``) CSR block, 30 non-zeros a row
     (sorted columns, float64 values, int32 indices), 1 thread: the generated row loop over the
     non-zeros (``row_layouts.CSRRows``) against SciPy's ``X @ w`` then ``X.T @ r`` (the two
     products alone, and with NumPy's elementwise steps between them: the same program). At
     2^20 columns (the issue's size) and at 2^17, where w and the gradient (8 MiB each at 2^20)
-    fit in cache together. Medians of 5 after a warm-up: wall time, and the thread's CPU time
-    (steadier on a shared machine)."""
+    fit in cache together. At 2^20 also the block as the reader holds it there, by columns
+    (``io.locations.HELD_BY_COLUMNS_ABOVE``): the generated loop's two column sweeps
+    (``row_layouts.CSCColumns``) against SciPy's products on the CSC block. Medians of 5 after a
+    warm-up: wall time, and the thread's CPU time (steadier on a shared machine)."""
     import scipy.sparse
     from threadpoolctl import threadpool_limits
 
@@ -768,7 +770,7 @@ def sparse_loop(_: argparse.Namespace) -> None:
         runs = sorted(once() for _ in range(5))
         return f"{runs[2][0] * 1e3:7.1f} ms wall {sorted(c for _, c in runs)[2] * 1e3:7.1f} ms CPU"
 
-    n, per_row = 1_000_000, 30
+    n, per_row = args.rows, 30
     print(f"  {os.cpu_count()} cores (shared), 1 thread; {n:,} rows, {per_row} non-zeros a row")
     for d in (2**20, 2**17):
         rng = np.random.default_rng(0)
@@ -805,6 +807,18 @@ def sparse_loop(_: argparse.Namespace) -> None:
             print(f"    SciPy's products and NumPy's steps      {cpu_and_wall(scipy_program)}")
             print(f"    one pass over data and indices (sum)    "
                   f"{cpu_and_wall(lambda X=X: (X.data.sum(), X.indices.sum()))}")
+        if d > 2**17:  # held by columns, as the reader holds a block this wide
+            C = X.tocsc()
+            held = tuple(C if a is X else a for a in args)
+            by_columns = CompiledPrograms().get(_block_kernel(graph), held)
+            assert by_columns.row_loop is not None, "the CSC block did not get its loop"
+            got = by_columns(held)
+            assert abs(got[0] - want[0]) <= 1e-10 * abs(want[0]) and np.allclose(got[1], want[1], rtol=1e-9, atol=1e-12)
+            with threadpool_limits(1):
+                print(f"    held by columns: the loop's two sweeps  "
+                      f"{cpu_and_wall(lambda p=by_columns, a=held: p(a))}")
+                print(f"    held by columns: SciPy's products, steps {cpu_and_wall(lambda X=C: scipy_program(X))}")
+            del C, held, by_columns
         del X, indices, program
 
 
@@ -853,6 +867,7 @@ COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-siz
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("--rows", type=int, default=1_000_000, help="sparse-loop: rows of the block")
     parser.add_argument("--preallocate", action="store_true",
                         help="store-pages: start Ray with RAY_preallocate_plasma_memory=1 (the store touched at start)")
     args = parser.parse_args()

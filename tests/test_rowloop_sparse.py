@@ -14,7 +14,7 @@ from arrayjob import kernels
 from arrayjob import lazy as la
 from arrayjob.kernels import compiler, rowloop
 from arrayjob.kernels.block_kernel import CompiledPrograms
-from arrayjob.kernels.row_layouts import CSRRows, DenseRows
+from arrayjob.kernels.row_layouts import CSCColumns, CSRRows, DenseRows
 from tests.helpers import block_kernel
 
 N, D, PER_ROW = 5000, 20_000, 20
@@ -66,8 +66,8 @@ def _program(outputs, values):
 
 
 def _run_loop(outputs, values):
-    """The outputs of the row loop over the CSR block, called directly (not through the
-    compiler's size rule)."""
+    """The outputs of the row loop over the sparse block (CSR: one pass over the rows; CSC:
+    two sweeps over the columns), called directly (not through the compiler's size rule)."""
     kernel, args, program, carrier = _program(outputs, values)
     run = rowloop.build(program, carrier)
     assert run is not None
@@ -105,16 +105,19 @@ def _assert_close(got, want):
         assert np.shape(g) == np.shape(w)
 
 
+@pytest.mark.parametrize("held", ["csr", "csc"])
 @pytest.mark.parametrize("index", ["int32", "int64"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("program", [_logistic, _least_squares])
-def test_the_loop_over_non_zeros_equals_the_dense_evaluation(program, dtype, index):
+def test_the_loop_over_non_zeros_equals_the_dense_evaluation(program, dtype, index, held):
     values = _data(_csr(dtype, index))
-    _assert_close(_run_loop(program(), values), _dense_reference(program(), values))
+    block = values["X"].asformat(held)
+    block.indices, block.indptr = block.indices.astype(index), block.indptr.astype(index)
+    _assert_close(_run_loop(program(), values | {"X": block}), _dense_reference(program(), values))
 
 
-@pytest.mark.parametrize(("layout", "as_block"), [(DenseRows, sp.csr_matrix.toarray), (CSRRows, sp.csr_matrix.tocsr)],
-                         ids=["dense", "csr"])
+@pytest.mark.parametrize(("layout", "as_block"), [(DenseRows, sp.csr_matrix.toarray), (CSRRows, sp.csr_matrix.tocsr),
+                                               (CSCColumns, sp.csr_matrix.tocsc)], ids=["dense", "csr", "csc"])
 def test_every_layout_makes_the_same_loop_of_one_program(layout, as_block):
     n, d = 300, 40
     X = sp.random(n, d, density=0.2, format="csr", random_state=2)
@@ -130,11 +133,31 @@ def test_every_layout_makes_the_same_loop_of_one_program(layout, as_block):
     _assert_close([vals[o] for o in kernel.outputs], want)
 
 
-def test_a_csc_block_is_read_as_csr():
+def test_a_csc_block_is_read_by_columns_and_agrees_with_the_loop_over_rows():
     values = _data(_csr("float64", "int32"))
     want = _run_loop(_logistic(), values)
-    got = _run_loop(_logistic(), values | {"X": values["X"].tocsc()})
+    C = values["X"].tocsc()
+    _, _, program, carrier = _program(_logistic(), values | {"X": C})
+    assert type(rowloop._RowLoop(program, carrier).layout) is CSCColumns
+    got = _run_loop(_logistic(), values | {"X": C})
     _assert_close(got, want)
+
+
+def test_the_loop_over_a_csc_block_sweeps_its_columns_twice_around_the_rows():
+    """X @ w made by a sweep over the columns into an n-vector, the steps per row, Xᵀ @ dz by a
+    second sweep that writes each gradient entry once: nothing of X's dense shape."""
+    values = _data(_csr("float64", "int32"))
+    _, _, program, carrier = _program(_logistic(), values | {"X": values["X"].tocsc()})
+    tree = rowloop._RowLoop(program, carrier).tree()
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "row_loop")
+    assert [a.arg for a in function.args.args][:4] == ["Xd", "Xi", "Xp", "n"]
+    loops = [s for s in function.body if isinstance(s, ast.For)]
+    assert [ast.unparse(s.iter) for s in loops] == ["range(d)", "range(n)", "range(d)"]
+    first, _, second = loops
+    assert re.fullmatch(r"t\d+_rows\[Xi\[k\]\] \+= Xd\[k\] \* p\d+\[c\]", ast.unparse(first.body[0].body))
+    assert re.search(r"t\d+_c \+= Xd\[k\] \* t\d+_rows\[Xi\[k\]\]", ast.unparse(second))
+    names = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
+    assert "X" not in names
 
 
 def test_the_generated_loop_visits_the_non_zeros_of_each_row():
@@ -197,7 +220,7 @@ def test_a_sparse_and_a_dense_block_of_one_shape_are_two_programs():
 
 @pytest.mark.parametrize("program", [_logistic, _least_squares])
 def test_past_the_loop_scipy_products_never_make_x_dense(program, monkeypatch):
-    """A block the loop does not take (too small, or wider than 2^17 columns) runs as SciPy
+    """A block the loop does not take (too small) runs as SciPy
     calls: X @ w and Xᵀ dz are sparse products. Folding w into X as a column scaling left X
     alone in its contraction, made dense (a 5,000 × 2^20 block asked for 39 GiB)."""
     from arrayjob.kernels import sparse

@@ -26,10 +26,12 @@ runs the kernel, once per argument shapes and dtypes):
    generated as one numba loop over the rows instead of pieces.
 
 A sparse argument (``scipy.sparse``, ``Program.sparse``) is never made dense here: it is no
-leaf of a numexpr expression, no input of a loop rewrite and never cut into row chunks. As
-the wide argument of a row loop it is read as CSR, non-zeros only, for any block with at
-least ``SPARSE_LOOP_MIN_BYTES`` of them held as CSR (a wide matrix's blocks are CSC);
-otherwise its steps run one SciPy call each (``kernels.sparse``).
+leaf of a numexpr expression and never cut into row chunks. For any block with at least
+``SPARSE_LOOP_MIN_BYTES`` of values and indices, as the wide argument of a row loop it is
+read non-zeros only, as it is held: a CSR block row by row (one pass), a CSC block (a wide
+matrix's, ``io.locations.HELD_BY_COLUMNS_ABOVE``) in two sweeps over its columns around the
+rows (``row_layouts.CSCColumns``); and a CSR block is the X of k-means' loop rewrites
+(``Program.csr``, ``rewrites``). Otherwise its steps run one SciPy call each (``kernels.sparse``).
 
 ``Program(kernel, args)`` is the compiled form; ``block_kernel.CompiledPrograms`` caches it.
 """
@@ -75,12 +77,13 @@ LOOP_MIN_WORKER_BYTES = 2 * LOOP_MIN_BYTES
 # the block. Only a block holding less than this (values and indices) is left to them,
 # as numba's start would cost more than the loop saves.
 SPARSE_LOOP_MIN_BYTES = 2**20
-# ... and only on a CSR block: a wide matrix's blocks are held as CSC (``io.locations.
-# HELD_BY_COLUMNS_ABOVE``), where SciPy's two products beat the fused loop, which gathers from w
-# and scatters into the gradient in the same pass and misses the cache twice per non-zero once
-# both outgrow it (bench_micro.py sparse-loop, 1,000,000 × d, 30 a row, 2 cores: at d = 2^17
-# the loop took 100 ms against 112 for SciPy's products and NumPy's steps; at d = 2^20, 355–380
-# ms against 154–174).
+# A wide matrix's blocks are held as CSC (``io.locations.HELD_BY_COLUMNS_ABOVE``): the loop over
+# CSR rows gathers from w and scatters into the gradient in the same pass and misses the cache
+# twice per non-zero once both outgrow it (bench_micro.py sparse-loop, 1,000,000 × d, 30 a row,
+# 2 cores: at d = 2^17 the loop took 100 ms against 112 for SciPy's products and NumPy's steps;
+# at d = 2^20, 355–380 ms against 154–174). Over CSC the loop sweeps the columns instead
+# (``row_layouts.CSCColumns``), at the cost of SciPy's two products (250,000 × 2^20, 1 thread,
+# under load: 37.7 ms of CPU against 36.3).
 MIN_EXPRESSION_SIZE = 2048  # elements; below this a NumPy call is cheaper than numexpr's
 LOG2 = "0.6931471805599453"
 
@@ -100,6 +103,7 @@ class Program:
         self.kernel = kernel
         n_args = kernel.n_args
         self.sparse = frozenset(s for s, a in enumerate(args) if sparse.issparse(a))
+        self.formats: dict[int, str] = {s: args[s].format for s in self.sparse}
         shapes: list[tuple[int, ...]] = [tuple(np.shape(a)) for a in args]
         dtypes: list[str] = [str(np.asarray(a).dtype) if not hasattr(a, "dtype") else str(a.dtype) for a in args]
         for step in kernel.steps:
@@ -134,7 +138,10 @@ class Program:
         if len(self.sparse) != 1:
             return None
         (carrier,) = self.sparse
-        return rowloop.build(self, carrier) if carrier in self.csr else None
+        block = args[carrier]
+        if carrier in self.csr or (block.format == "csc" and sparse.nbytes(block) >= SPARSE_LOOP_MIN_BYTES):
+            return rowloop.build(self, carrier)
+        return None
 
     # -- expressions ---------------------------------------------------------------------
     def _expressible(self, i: int) -> bool:
