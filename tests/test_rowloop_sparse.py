@@ -184,9 +184,10 @@ def test_elementwise_steps_on_x_are_no_row_loop():
     assert program.row_loop is None
 
 
-def test_the_compiler_takes_the_loop_for_a_sparse_block_of_any_dense_size(monkeypatch):
+@pytest.mark.parametrize("held", ["csr", "csc"])
+def test_the_compiler_takes_the_loop_for_a_sparse_block_of_any_dense_size(held, monkeypatch):
     monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 2**62)  # whatever the dense rule says
-    X = _csr("float64", "int32")
+    X = _csr("float64", "int32").asformat(held)
     stored = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
     monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", stored)
     kernel, args, program, _ = _program(_logistic(), _data(X))
