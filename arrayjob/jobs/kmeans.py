@@ -16,7 +16,8 @@ Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-
 (Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.
 
 A sparse X (CSR row blocks) is read and used as it is: the products with the centroids
-visit its non-zeros only, the centroids stay dense (k × d on the driver), the seeding uses
+visit its non-zeros only, the centroids stay dense (k × d on the driver, sent to the blocks
+transposed, d × k, the layout the loop over a row's non-zeros gathers from), the seeding uses
 ‖x‖² − 2x·c + ‖c‖², and the inertia Σ‖x‖² + min_c(‖c‖² − 2x·c).
 
 Cost per iteration: one pass over X (8nd bytes; sparse: its non-zeros), about 4ndk flops
