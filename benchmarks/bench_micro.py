@@ -17,7 +17,8 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py mttkrp-gemm    # the rank-32 GEMM's rate in every layout, 1 thread
     .venv/bin/python benchmarks/bench_micro.py logistic-exp   # libm vs inlined exp/log1p in the logistic row loop
     .venv/bin/python benchmarks/bench_micro.py kept-map       # a kept CSR block mapped from the spill vs in memory (no data needed)
-    .venv/bin/python benchmarks/bench_micro.py sparse-loop    # the logistic row loop over a CSR block vs SciPy's products (no data needed)
+    .venv/bin/python benchmarks/bench_micro.py sparse-loop    # the logistic row loop over a CSR and a CSC block vs SciPy's products (no data needed; --rows)
+    .venv/bin/python benchmarks/bench_micro.py sparse-kmeans  # k-means' step over a CSR block: the loop vs SciPy's products (no data needed; --rows)
 """
 
 from __future__ import annotations
@@ -745,14 +746,16 @@ def kept_map(_: argparse.Namespace) -> None:
         print(f"  SpMV, the block mapped before      {_ms(lambda: mapped @ x)}")
 
 
-def sparse_loop(_: argparse.Namespace) -> None:
-    """The logistic loss and gradient of one 1,000,000-row CSR block, 30 non-zeros a row
+def sparse_loop(args: argparse.Namespace) -> None:
+    """The logistic loss and gradient of one 1,000,000-row (``--rows``) CSR block, 30 non-zeros a row
     (sorted columns, float64 values, int32 indices), 1 thread: the generated row loop over the
     non-zeros (``row_layouts.CSRRows``) against SciPy's ``X @ w`` then ``X.T @ r`` (the two
     products alone, and with NumPy's elementwise steps between them: the same program). At
     2^20 columns (the issue's size) and at 2^17, where w and the gradient (8 MiB each at 2^20)
-    fit in cache together. Medians of 5 after a warm-up: wall time, and the thread's CPU time
-    (steadier on a shared machine)."""
+    fit in cache together. At 2^20 also the block as the reader holds it there, by columns
+    (``io.locations.HELD_BY_COLUMNS_ABOVE``): the generated loop's two column sweeps
+    (``row_layouts.CSCColumns``) against SciPy's products on the CSC block. Medians of 5 after a
+    warm-up: wall time, and the thread's CPU time (steadier on a shared machine)."""
     import scipy.sparse
     from threadpoolctl import threadpool_limits
 
@@ -768,7 +771,7 @@ def sparse_loop(_: argparse.Namespace) -> None:
         runs = sorted(once() for _ in range(5))
         return f"{runs[2][0] * 1e3:7.1f} ms wall {sorted(c for _, c in runs)[2] * 1e3:7.1f} ms CPU"
 
-    n, per_row = 1_000_000, 30
+    n, per_row = args.rows, 30
     print(f"  {os.cpu_count()} cores (shared), 1 thread; {n:,} rows, {per_row} non-zeros a row")
     for d in (2**20, 2**17):
         rng = np.random.default_rng(0)
@@ -805,7 +808,65 @@ def sparse_loop(_: argparse.Namespace) -> None:
             print(f"    SciPy's products and NumPy's steps      {cpu_and_wall(scipy_program)}")
             print(f"    one pass over data and indices (sum)    "
                   f"{cpu_and_wall(lambda X=X: (X.data.sum(), X.indices.sum()))}")
+        if d > 2**17:  # held by columns, as the reader holds a block this wide
+            C = X.tocsc()
+            held = tuple(C if a is X else a for a in args)
+            by_columns = CompiledPrograms().get(_block_kernel(graph), held)
+            assert by_columns.row_loop is not None, "the CSC block did not get its loop"
+            got = by_columns(held)
+            assert abs(got[0] - want[0]) <= 1e-10 * abs(want[0]) and np.allclose(got[1], want[1], rtol=1e-9, atol=1e-12)
+            with threadpool_limits(1):
+                print(f"    held by columns: the loop's two sweeps  "
+                      f"{cpu_and_wall(lambda p=by_columns, a=held: p(a))}")
+                print(f"    held by columns: SciPy's products, steps {cpu_and_wall(lambda X=C: scipy_program(X))}")
+            del C, held, by_columns
         del X, indices, program
+
+
+def sparse_kmeans(args: argparse.Namespace) -> None:
+    """K-means' step (``jobs.kmeans.kmeans_program``, sparse: centroids held as (d, k)) on one
+    CSR block of ``--rows`` rows (default 1,000,000; the benchmark's 100,000-row chunks at full
+    size) × 2^16, 30 non-zeros a row, k = 16, 1 thread: the loop over the non-zeros
+    (``loops.nearest_group_sums_csr``) against SciPy's X @ Cᵀ, NumPy's argmin and the one-hot
+    products. Medians of 5 after a warm-up, thread CPU time and wall."""
+    import scipy.sparse
+    from threadpoolctl import threadpool_limits
+
+    from arrayjob import lazy as la
+    from arrayjob.jobs.kmeans import centroid_values, kmeans_program
+    from arrayjob.kernels import compiler
+
+    n, d, k, per_row = args.rows, 2**16, 16, 30
+    rng = np.random.default_rng(0)
+    X = scipy.sparse.csr_matrix((rng.standard_normal(n * per_row), rng.integers(0, d, n * per_row).astype(np.int32),
+                                 np.arange(0, n * per_row + 1, per_row)), shape=(n, d))
+    C = X[rng.choice(n, k, replace=False)].toarray()
+    graph = la.capture(list(kmeans_program(la.value("X", (n, d)), k, final=False, sparse=True).values()))
+    names = {"X": X, **centroid_values(C, transposed=True), "cluster_ids": np.arange(k, dtype=np.float64)}
+    values = tuple(names[node.attrs.name] for node in graph.nodes if node.op == "value")
+    kernel = _block_kernel(graph)
+    loop = compiler.Program(kernel, values)
+    assert loop.packed, "the CSR block did not get its loop"
+    saved, compiler.SPARSE_LOOP_MIN_BYTES = compiler.SPARSE_LOOP_MIN_BYTES, 2**62
+    products = compiler.Program(kernel, values)
+    compiler.SPARSE_LOOP_MIN_BYTES = saved
+    got, want = loop(values), products(values)
+    assert np.allclose(got[0], want[0], rtol=1e-10, atol=1e-12) and np.array_equal(got[1], want[1])
+
+    def cpu_and_wall(fn) -> str:  # type: ignore[no-untyped-def]
+        def once() -> tuple[float, float]:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            fn()
+            return time.perf_counter() - wall, time.thread_time() - cpu
+        once()
+        runs = sorted(once() for _ in range(5))
+        return f"{runs[2][0] * 1e3:7.1f} ms wall {sorted(c for _, c in runs)[2] * 1e3:7.1f} ms CPU"
+
+    print(f"  {n:,} × 2^16, {per_row} a row ({(X.data.nbytes + X.indices.nbytes) / 2**20:.0f} MiB), k = {k}, 1 thread")
+    with threadpool_limits(1):
+        print(f"    the loop over the non-zeros (one visit)      {cpu_and_wall(lambda: loop(values))}")
+        print(f"    SciPy's X @ C, argmin, one-hot products      {cpu_and_wall(lambda: products(values))}")
+        print(f"    one pass over data and indices (sum)         {cpu_and_wall(lambda: (X.data.sum(), X.indices.sum()))}")
 
 
 def sparse_layout(_: argparse.Namespace) -> None:
@@ -848,11 +909,12 @@ COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-siz
             "pagerank-build": pagerank_build, "pagerank-order": pagerank_order,
             "pagerank-iteration": pagerank_iteration, "store-pages": store_pages, "s3-block": s3_block, "s3-ops": s3_ops, "ray-returns": ray_returns,
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp, "kept-map": kept_map,
-            "sparse-loop": sparse_loop, "sparse-layout": sparse_layout}
+            "sparse-loop": sparse_loop, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("--rows", type=int, default=1_000_000, help="sparse-loop, sparse-kmeans: rows of the block")
     parser.add_argument("--preallocate", action="store_true",
                         help="store-pages: start Ray with RAY_preallocate_plasma_memory=1 (the store touched at start)")
     args = parser.parse_args()

@@ -14,7 +14,7 @@ from arrayjob import kernels
 from arrayjob import lazy as la
 from arrayjob.kernels import compiler, rowloop
 from arrayjob.kernels.block_kernel import CompiledPrograms
-from arrayjob.kernels.row_layouts import CSRRows, DenseRows
+from arrayjob.kernels.row_layouts import CSCColumns, CSRRows, DenseRows
 from tests.helpers import block_kernel
 
 N, D, PER_ROW = 5000, 20_000, 20
@@ -66,8 +66,8 @@ def _program(outputs, values):
 
 
 def _run_loop(outputs, values):
-    """The outputs of the row loop over the CSR block, called directly (not through the
-    compiler's size rule)."""
+    """The outputs of the row loop over the sparse block (CSR: one pass over the rows; CSC:
+    two sweeps over the columns), called directly (not through the compiler's size rule)."""
     kernel, args, program, carrier = _program(outputs, values)
     run = rowloop.build(program, carrier)
     assert run is not None
@@ -105,16 +105,19 @@ def _assert_close(got, want):
         assert np.shape(g) == np.shape(w)
 
 
+@pytest.mark.parametrize("held", ["csr", "csc"])
 @pytest.mark.parametrize("index", ["int32", "int64"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("program", [_logistic, _least_squares])
-def test_the_loop_over_non_zeros_equals_the_dense_evaluation(program, dtype, index):
+def test_the_loop_over_non_zeros_equals_the_dense_evaluation(program, dtype, index, held):
     values = _data(_csr(dtype, index))
-    _assert_close(_run_loop(program(), values), _dense_reference(program(), values))
+    block = values["X"].asformat(held)
+    block.indices, block.indptr = block.indices.astype(index), block.indptr.astype(index)
+    _assert_close(_run_loop(program(), values | {"X": block}), _dense_reference(program(), values))
 
 
-@pytest.mark.parametrize(("layout", "as_block"), [(DenseRows, sp.csr_matrix.toarray), (CSRRows, sp.csr_matrix.tocsr)],
-                         ids=["dense", "csr"])
+@pytest.mark.parametrize(("layout", "as_block"), [(DenseRows, sp.csr_matrix.toarray), (CSRRows, sp.csr_matrix.tocsr),
+                                               (CSCColumns, sp.csr_matrix.tocsc)], ids=["dense", "csr", "csc"])
 def test_every_layout_makes_the_same_loop_of_one_program(layout, as_block):
     n, d = 300, 40
     X = sp.random(n, d, density=0.2, format="csr", random_state=2)
@@ -130,11 +133,31 @@ def test_every_layout_makes_the_same_loop_of_one_program(layout, as_block):
     _assert_close([vals[o] for o in kernel.outputs], want)
 
 
-def test_a_csc_block_is_read_as_csr():
+def test_a_csc_block_is_read_by_columns_and_agrees_with_the_loop_over_rows():
     values = _data(_csr("float64", "int32"))
     want = _run_loop(_logistic(), values)
-    got = _run_loop(_logistic(), values | {"X": values["X"].tocsc()})
+    C = values["X"].tocsc()
+    _, _, program, carrier = _program(_logistic(), values | {"X": C})
+    assert type(rowloop._RowLoop(program, carrier).layout) is CSCColumns
+    got = _run_loop(_logistic(), values | {"X": C})
     _assert_close(got, want)
+
+
+def test_the_loop_over_a_csc_block_sweeps_its_columns_twice_around_the_rows():
+    """X @ w made by a sweep over the columns into an n-vector, the steps per row, Xᵀ @ dz by a
+    second sweep that writes each gradient entry once: nothing of X's dense shape."""
+    values = _data(_csr("float64", "int32"))
+    _, _, program, carrier = _program(_logistic(), values | {"X": values["X"].tocsc()})
+    tree = rowloop._RowLoop(program, carrier).tree()
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "row_loop")
+    assert [a.arg for a in function.args.args][:4] == ["Xd", "Xi", "Xp", "n"]
+    loops = [s for s in function.body if isinstance(s, ast.For)]
+    assert [ast.unparse(s.iter) for s in loops] == ["range(d)", "range(n)", "range(d)"]
+    first, _, second = loops
+    assert re.fullmatch(r"t\d+_rows\[Xi\[k\]\] \+= Xd\[k\] \* p\d+\[c\]", ast.unparse(first.body[0].body))
+    assert re.search(r"t\d+_c \+= Xd\[k\] \* t\d+_rows\[Xi\[k\]\]", ast.unparse(second))
+    names = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)}
+    assert "X" not in names
 
 
 def test_the_generated_loop_visits_the_non_zeros_of_each_row():
@@ -161,9 +184,10 @@ def test_elementwise_steps_on_x_are_no_row_loop():
     assert program.row_loop is None
 
 
-def test_the_compiler_takes_the_loop_for_a_sparse_block_of_any_dense_size(monkeypatch):
+@pytest.mark.parametrize("held", ["csr", "csc"])
+def test_the_compiler_takes_the_loop_for_a_sparse_block_of_any_dense_size(held, monkeypatch):
     monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 2**62)  # whatever the dense rule says
-    X = _csr("float64", "int32")
+    X = _csr("float64", "int32").asformat(held)
     stored = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
     monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", stored)
     kernel, args, program, _ = _program(_logistic(), _data(X))
@@ -197,7 +221,7 @@ def test_a_sparse_and_a_dense_block_of_one_shape_are_two_programs():
 
 @pytest.mark.parametrize("program", [_logistic, _least_squares])
 def test_past_the_loop_scipy_products_never_make_x_dense(program, monkeypatch):
-    """A block the loop does not take (too small, or wider than 2^17 columns) runs as SciPy
+    """A block the loop does not take (too small) runs as SciPy
     calls: X @ w and Xᵀ dz are sparse products. Folding w into X as a column scaling left X
     alone in its contraction, made dense (a 5,000 × 2^20 block asked for 39 GiB)."""
     from arrayjob.kernels import sparse
@@ -215,3 +239,99 @@ def test_past_the_loop_scipy_products_never_make_x_dense(program, monkeypatch):
     with np.errstate(all="ignore"):
         got = compiled(args)
     _assert_close(got, _dense_reference(program(), values))
+
+
+# -- k-means over CSR blocks: the nearest centroid, the sums and counts in one visit ----------
+
+
+def _integer_csr(n: int, d: int, index: str, seed: int = 4) -> sp.csr_matrix:
+    """Small integer values (exact sums in any order, so ties are exact), repeated and unsorted
+    columns, every EMPTY_EVERY-th row empty."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 12, n)
+    counts[::EMPTY_EVERY] = 0
+    indptr = np.concatenate([[0], np.cumsum(counts)])
+    X = sp.csr_matrix((rng.integers(-3, 4, indptr[-1]).astype(float), rng.integers(0, d, indptr[-1]), indptr),
+                      shape=(n, d))
+    X.indices, X.indptr = X.indices.astype(index), X.indptr.astype(index)
+    return X
+
+
+def _kmeans_step(n: int, d: int, k: int, transposed: bool):
+    """K-means' step as ``jobs.kmeans`` writes it, the centroids (k, d) or held as (d, k)."""
+    x, csq, group = la.value("X", (n, d)), la.value("csq", (k,)), la.value("ids", (k,))
+    product = x @ la.value("C", (d, k)) if transposed else x @ la.value("C", (k, d)).T
+    labels = (csq - 2.0 * product).argmin(axis=1, keepdims=True)
+    onehot = (labels == group) * 1.0
+    return labels, [onehot.T @ x, onehot.sum(axis=0)]
+
+
+@pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0, 4.0], [3.0, 3.0, 9.0, 0.0, 1.0]])  # repeated, missing
+@pytest.mark.parametrize("transposed", [True, False], ids=["C (d, k)", "C (k, d)"])
+@pytest.mark.parametrize("index", ["int32", "int64"])
+def test_the_kmeans_step_over_csr_is_one_loop_and_matches_scipy(index, transposed, ids, monkeypatch):
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    n, d, k = 3001, 500, 5
+    X = _integer_csr(n, d, index)
+    C = np.random.default_rng(1).integers(-2, 3, (k, d)).astype(float)
+    C[3] = C[1]  # equal centroids: every tie goes to the first
+    _, outputs = _kmeans_step(n, d, k, transposed)
+    values = {"X": X, "C": C.T.copy() if transposed else C, "csq": (C**2).sum(1), "ids": np.array(ids)}
+    kernel, args = block_kernel(outputs, values)
+    program = compiler.Program(kernel, args)
+    assert len(program.packed) == 1 and program.csr == program.sparse
+    readers = [op for op in program.ops if any(s in program.sparse for s in op.inputs)]
+    assert len(readers) == 1  # one visit of the non-zeros: no SciPy product, no n × k scores
+    got, want = program(args), kernels.interpret(kernel, *args)  # interpreted: SciPy's products
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("transposed", [True, False], ids=["C (d, k)", "C (k, d)"])
+def test_the_nearest_centroid_of_csr_rows_matches_scipy(transposed, monkeypatch):
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    n, d, k = 2000, 300, 6
+    X = _integer_csr(n, d, "int32", seed=8)
+    C = np.random.default_rng(2).integers(-2, 3, (k, d)).astype(float)
+    labels, _ = _kmeans_step(n, d, k, transposed)
+    values = {"X": X, "C": C.T.copy() if transposed else C, "csq": (C**2).sum(1)}
+    kernel, args = block_kernel([labels], values)
+    program = compiler.Program(kernel, args)
+    assert [r.csr for r in program.rewrites.values()] == [tuple(program.sparse)]  # the one loop, X as CSR
+    np.testing.assert_array_equal(program(args)[0], kernels.interpret(kernel, *args))
+
+
+def test_the_csr_loops_read_a_block_that_starts_inside_its_arrays():
+    """A row block cut from a chunk without copying: its row pointers start past 0 and index
+    into the chunk's whole data and indices."""
+    from arrayjob.kernels import loops
+    from arrayjob.kernels.row_layouts import CSRRows
+
+    n, d, k, lo, hi = 1000, 200, 4, 137, 801
+    X = sp.csr_matrix(np.random.default_rng(3).standard_normal((n, d)) * (np.random.default_rng(4).random((n, d)) < 0.05))
+    C = np.random.default_rng(5).standard_normal((k, d))
+    a, ids = (C**2).sum(1), np.arange(k, dtype=float)
+    Xd, Xi, Xp, _ = CSRRows().arguments(X)
+    block = Xp[lo:hi + 1]  # indptr[0] = the block's first non-zero within the chunk
+    assert block[0] > 0
+    want_labels = (a - 2.0 * (X[lo:hi] @ C.T)).argmin(axis=1, keepdims=True)
+    np.testing.assert_array_equal(loops.nearest_rows_csr(Xd, Xi, block, np.ascontiguousarray(C.T), a, 2.0), want_labels)
+    packed = loops.nearest_group_sums_csr(Xd, Xi, block, d, np.ascontiguousarray(C.T), a, 2.0, ids)
+    onehot = (want_labels == ids) * 1.0
+    np.testing.assert_allclose(packed[:, :d], onehot.T @ X[lo:hi].toarray(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(packed[:, d], onehot.sum(axis=0))
+    sums = loops.group_sum_csr(want_labels[:, 0], ids, Xd, Xi, block, d)
+    np.testing.assert_allclose(sums, packed[:, :d], rtol=1e-12, atol=1e-12)
+
+
+def test_a_csc_block_gets_no_csr_loop(monkeypatch):
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    n, d, k = 500, 100, 3
+    X = _integer_csr(n, d, "int32").tocsc()
+    C = np.random.default_rng(1).integers(-2, 3, (k, d)).astype(float)
+    _, outputs = _kmeans_step(n, d, k, True)
+    kernel, args = block_kernel(outputs, {"X": X, "C": C.T.copy(), "csq": (C**2).sum(1), "ids": np.arange(k, dtype=float)})
+    program = compiler.Program(kernel, args)
+    assert not program.csr and not program.packed
+    for g, w in zip(program(args), kernels.interpret(kernel, *args), strict=True):
+        np.testing.assert_array_equal(g, w)

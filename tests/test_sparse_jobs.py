@@ -54,8 +54,18 @@ def _run(job, **planner):
     return job.run(JobContext(session, executor.metrics)), executor.metrics
 
 
+@pytest.mark.parametrize("held", ["scipy", "csr loop", "csc loop"])
 @pytest.mark.parametrize("solver", ["lbfgs", "newton"])
-def test_logreg_on_sparse_x_matches_sklearn(tmp_path, solver):
+def test_logreg_on_sparse_x_matches_sklearn(tmp_path, solver, held, monkeypatch):
+    """With SciPy's products (blocks this small), and with the row loop over the non-zeros,
+    the blocks held as CSR (one pass) or, as a wide matrix's are, by columns (two sweeps)."""
+    from arrayjob.io import locations
+    from arrayjob.kernels import compiler
+
+    if held != "scipy":
+        monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    if held == "csc loop":
+        monkeypatch.setattr(locations, "HELD_BY_COLUMNS_ABOVE", 100)
     X, y = sparse_logreg_data(3000, 120, seed=1)
     l2 = 1e-3
     job = LogisticRegression(LogRegParams(solver=solver, l2=l2, tol=1e-10, max_iter=500), _arrays(tmp_path, X, y))
@@ -121,7 +131,14 @@ def test_linreg_auto_picks_cg_for_a_wide_sparse_x_and_matches_ridge(tmp_path):
     assert result.attrs["converged"] is True
 
 
-def test_kmeans_on_sparse_x_matches_sklearn_from_the_same_centroids(tmp_path):
+@pytest.mark.parametrize("loops", [False, True], ids=["scipy", "csr loop"])
+def test_kmeans_on_sparse_x_matches_sklearn_from_the_same_centroids(tmp_path, loops, monkeypatch):
+    """With SciPy's products (blocks this small) and with the loop over the non-zeros
+    (``loops.nearest_group_sums_csr``, taken by blocks of any size here)."""
+    from arrayjob.kernels import compiler
+
+    if loops:
+        monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
     X, _ = sparse_logreg_data(3000, 60, nnz_per_row=10, seed=5)
     centroids = X[:4].toarray() + 0.01
     write_array(str(tmp_path / "init.zarr"), centroids, centroids.shape)

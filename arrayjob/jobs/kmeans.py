@@ -16,7 +16,8 @@ Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-
 (Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.
 
 A sparse X (CSR row blocks) is read and used as it is: the products with the centroids
-visit its non-zeros only, the centroids stay dense (k × d on the driver), the seeding uses
+visit its non-zeros only, the centroids stay dense (k × d on the driver, sent to the blocks
+transposed, d × k, the layout the loop over a row's non-zeros gathers from), the seeding uses
 ‖x‖² − 2x·c + ‖c‖², and the inertia Σ‖x‖² + min_c(‖c‖² − 2x·c).
 
 Cost per iteration: one pass over X (8nd bytes; sparse: its non-zeros), about 4ndk flops
@@ -67,18 +68,26 @@ class KMeansParams:
     tol: float = field(default=1e-4, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
 
 
-def nearest_centroid(X: la.BlockArray, k: int) -> tuple[la.BlockArray, la.BlockArray, la.BlockArray]:
+def nearest_centroid(X: la.BlockArray, k: int, transposed: bool = False,
+                     ) -> tuple[la.BlockArray, la.BlockArray, la.BlockArray]:
     """The centroids (``la.value`` "centroids", bound with "centroid_sq" by ``centroid_values``),
     each row's scores ‖c‖² − 2x·c (‖x − c‖² − ‖x‖², scikit-learn's expansion) and its nearest
-    centroid, (n, 1): the form ``kernels.rewrites`` runs as one loop over the rows."""
-    C = la.value("centroids", (k, X.shape[1]))
-    scores = la.value("centroid_sq", (k,)) - 2.0 * (X @ C.T)
+    centroid, (n, 1): the form ``kernels.rewrites`` runs as one loop over the rows.
+
+    ``transposed``: the centroids held as Cᵀ, (d, k), the layout a loop over a sparse row's
+    non-zeros reads (each non-zero gathers its column's k values, contiguous); bound so by
+    ``centroid_values(..., transposed=True)`` once per iteration on the driver, not per block."""
+    d = X.shape[1]
+    C = la.value("centroids", (d, k) if transposed else (k, d))
+    scores = la.value("centroid_sq", (k,)) - 2.0 * (X @ C if transposed else X @ C.T)
     return C, scores, scores.argmin(axis=1, keepdims=True)
 
 
-def centroid_values(centroids: np.ndarray) -> dict[str, np.ndarray]:
-    """What ``nearest_centroid`` binds: the centroids and their squared norms."""
-    return {"centroids": centroids, "centroid_sq": (centroids**2).sum(1)}
+def centroid_values(centroids: np.ndarray, transposed: bool = False) -> dict[str, np.ndarray]:
+    """What ``nearest_centroid`` binds: the centroids ((k, d), or (d, k) ``transposed``) and
+    their squared norms."""
+    held = np.ascontiguousarray(centroids.T) if transposed else centroids
+    return {"centroids": held, "centroid_sq": (centroids**2).sum(1)}
 
 
 def kmeans_program(X: la.BlockArray, k: int, final: bool, sparse: bool = False) -> dict[str, la.BlockArray]:
@@ -88,7 +97,7 @@ def kmeans_program(X: la.BlockArray, k: int, final: bool, sparse: bool = False) 
 
     On a ``sparse`` X the inertia is Σ ‖x‖² + min_c (‖c‖² − 2 x·c), which visits the non-zeros
     only; on a dense one Σ ‖x − c‖², which does not lose digits to cancellation."""
-    C, scores, labels = nearest_centroid(X, k)
+    C, scores, labels = nearest_centroid(X, k, transposed=sparse)
     onehot = (labels == la.value("cluster_ids", (k,))) * 1.0  # a group sum, not a product
     if final:
         inertia = ((X * X).sum() + scores.min(axis=1).sum()) if sparse else la.square(X - onehot @ C).sum()
@@ -126,10 +135,14 @@ class KMeans(Job):
         X = la.from_input(self.arrays["X"])
         return StagePlan((
             Pass("stats", "load", {"sum": X.sum(axis=0), "sum_sq": (X * X).sum(axis=0)}),
-            Pass("step", "fit", kmeans_program(X, self.params.k, final=False), EACH_ITERATION),
-            Pass("final", "fit", kmeans_program(X, self.params.k, final=True, sparse=self.arrays["X"].sparse is not None),
+            Pass("step", "fit", kmeans_program(X, self.params.k, final=False, sparse=self.sparse), EACH_ITERATION),
+            Pass("final", "fit", kmeans_program(X, self.params.k, final=True, sparse=self.sparse),
                  writes={"labels": Written((X.shape[0],), (self.arrays["X"].chunks[0],), "int64", self.arrays["X"])}),
         ))
+
+    @property
+    def sparse(self) -> bool:
+        return self.arrays["X"].sparse is not None
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
         X = self.arrays["X"]
@@ -163,14 +176,14 @@ class KMeans(Job):
                 iterations, done = int(saved.state["iteration"]), bool(saved.state["done"])
         with ctx.metrics.stage(plan.stage_of("step")):
             while not done and iterations < p.max_iter:
-                r = ctx.session.compute(step, {**centroid_values(centroids), "cluster_ids": ids})
+                r = ctx.session.compute(step, {**centroid_values(centroids, self.sparse), "cluster_ids": ids})
                 counts = r["counts"]
                 updated = np.where(counts[:, None] > 0, r["sums"] / np.maximum(counts, 1)[:, None], centroids)
                 shift = float(((updated - centroids) ** 2).sum())
                 centroids, iterations, done = updated, iterations + 1, shift <= tol
                 ctx.metrics.iteration(iterations, p.max_iter, shift=shift, tol=tol)
                 ctx.checkpoints.tick(iterations, {"centroids": centroids, "iteration": iterations, "done": done})
-            values = {**centroid_values(centroids), "cluster_ids": ids}
+            values = {**centroid_values(centroids, self.sparse), "cluster_ids": ids}
             arrays = {"centroids": centroids}
             if ctx.result is not None:  # labels (8n bytes) are written by the workers
                 r = ctx.session.compute(ctx.writing(plan.pass_named("final")), values)

@@ -26,10 +26,12 @@ runs the kernel, once per argument shapes and dtypes):
    generated as one numba loop over the rows instead of pieces.
 
 A sparse argument (``scipy.sparse``, ``Program.sparse``) is never made dense here: it is no
-leaf of a numexpr expression, no input of a loop rewrite and never cut into row chunks. As
-the wide argument of a row loop it is read as CSR, non-zeros only, for any block with at
-least ``SPARSE_LOOP_MIN_BYTES`` of them held as CSR (a wide matrix's blocks are CSC);
-otherwise its steps run one SciPy call each (``kernels.sparse``).
+leaf of a numexpr expression and never cut into row chunks. For any block with at least
+``SPARSE_LOOP_MIN_BYTES`` of values and indices, as the wide argument of a row loop it is
+read non-zeros only, as it is held: a CSR block row by row (one pass), a CSC block (a wide
+matrix's, ``io.locations.HELD_BY_COLUMNS_ABOVE``) in two sweeps over its columns around the
+rows (``row_layouts.CSCColumns``); and a CSR block is the X of k-means' loop rewrites
+(``Program.csr``, ``rewrites``). Otherwise its steps run one SciPy call each (``kernels.sparse``).
 
 ``Program(kernel, args)`` is the compiled form; ``block_kernel.CompiledPrograms`` caches it.
 """
@@ -75,12 +77,13 @@ LOOP_MIN_WORKER_BYTES = 2 * LOOP_MIN_BYTES
 # the block. Only a block holding less than this (values and indices) is left to them,
 # as numba's start would cost more than the loop saves.
 SPARSE_LOOP_MIN_BYTES = 2**20
-# ... and only on a CSR block: a wide matrix's blocks are held as CSC (``io.locations.
-# HELD_BY_COLUMNS_ABOVE``), where SciPy's two products beat the fused loop, which gathers from w
-# and scatters into the gradient in the same pass and misses the cache twice per non-zero once
-# both outgrow it (bench_micro.py sparse-loop, 1,000,000 × d, 30 a row, 2 cores: at d = 2^17
-# the loop took 100 ms against 112 for SciPy's products and NumPy's steps; at d = 2^20, 355–380
-# ms against 154–174).
+# A wide matrix's blocks are held as CSC (``io.locations.HELD_BY_COLUMNS_ABOVE``): the loop over
+# CSR rows gathers from w and scatters into the gradient in the same pass and misses the cache
+# twice per non-zero once both outgrow it (bench_micro.py sparse-loop, 1,000,000 × d, 30 a row,
+# 2 cores: at d = 2^17 the loop took 100 ms against 112 for SciPy's products and NumPy's steps;
+# at d = 2^20, 355–380 ms against 154–174). Over CSC the loop sweeps the columns instead
+# (``row_layouts.CSCColumns``), at the cost of SciPy's two products (250,000 × 2^20, 1 thread,
+# under load: 37.7 ms of CPU against 36.3).
 MIN_EXPRESSION_SIZE = 2048  # elements; below this a NumPy call is cheaper than numexpr's
 LOG2 = "0.6931471805599453"
 
@@ -100,6 +103,7 @@ class Program:
         self.kernel = kernel
         n_args = kernel.n_args
         self.sparse = frozenset(s for s, a in enumerate(args) if sparse.issparse(a))
+        self.formats: dict[int, str] = {s: args[s].format for s in self.sparse}
         shapes: list[tuple[int, ...]] = [tuple(np.shape(a)) for a in args]
         dtypes: list[str] = [str(np.asarray(a).dtype) if not hasattr(a, "dtype") else str(a.dtype) for a in args]
         for step in kernel.steps:
@@ -109,10 +113,13 @@ class Program:
         self.shapes, self.dtypes = shapes, dtypes
         sizes = [sparse.nbytes(args[s]) if s in self.sparse else math.prod(shapes[s]) * np.dtype(dtypes[s]).itemsize
                  for s in range(n_args)]
-        loops = max(sizes, default=0) >= LOOP_MIN_BYTES or getattr(kernel, "worker_bytes", 0) >= LOOP_MIN_WORKER_BYTES
+        # the sparse arguments the loops read as they are: CSR blocks past the size rule
+        self.csr = frozenset(s for s in self.sparse if _loops_pay(args[s]))
+        loops = (max(sizes, default=0) >= LOOP_MIN_BYTES or getattr(kernel, "worker_bytes", 0) >= LOOP_MIN_WORKER_BYTES
+                 or bool(self.csr))
         self.may_be_sparse = _may_be_sparse(kernel, self.sparse)
-        self.rewrites = {i: r for i, r in (rewrites(kernel, shapes, dtypes) if loops else {}).items()
-                         if not self.may_be_sparse.intersection(r.inputs)}  # the loops take dense arrays
+        self.rewrites = {i: r for i, r in (rewrites(kernel, shapes, dtypes, self.csr) if loops else {}).items()
+                         if not self.may_be_sparse.intersection(set(r.inputs) - set(r.csr))}  # else dense arrays
         self.packed = packed(kernel, self.rewrites, shapes)  # in extra slots after the steps'
         for pack in self.packed:
             shapes.append(pack.shape)
@@ -131,9 +138,10 @@ class Program:
         if len(self.sparse) != 1:
             return None
         (carrier,) = self.sparse
-        if sparse.nbytes(args[carrier]) < SPARSE_LOOP_MIN_BYTES or getattr(args[carrier], "format", None) != "csr":
-            return None
-        return rowloop.build(self, carrier)
+        block = args[carrier]
+        if carrier in self.csr or (block.format == "csc" and sparse.nbytes(block) >= SPARSE_LOOP_MIN_BYTES):
+            return rowloop.build(self, carrier)
+        return None
 
     # -- expressions ---------------------------------------------------------------------
     def _expressible(self, i: int) -> bool:
@@ -260,6 +268,11 @@ class Program:
         else:
             self.chunking.run(vals)
         return [vals[o] for o in self.kernel.outputs]
+
+
+def _loops_pay(block: Any) -> bool:
+    """Whether a sparse block is read by compiled loops: a CSR one past SPARSE_LOOP_MIN_BYTES."""
+    return getattr(block, "format", None) == "csr" and sparse.nbytes(block) >= SPARSE_LOOP_MIN_BYTES
 
 
 def _may_be_sparse(kernel: Any, sparse: frozenset[int]) -> frozenset[int]:

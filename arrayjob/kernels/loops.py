@@ -154,3 +154,70 @@ def _add_row(per, best, row):
     for c in range(d):
         per[best, c] += row[c]
     per[best, d] += 1.0
+
+
+# -- over CSR row blocks (``row_layouts.CSRRows``: values Xd, unsigned column indices Xi, row
+# pointers Xp): the same loops visiting the non-zeros only. C is held transposed, (d, k), so
+# that the centroids' values at one non-zero's column are k contiguous floats.
+
+
+@numba.njit(inline="always")
+def _csr_scores(Xd, Xi, Xp, i, CT, a, scale, scores):
+    """scores[j] = a[j] - scale * x_i·C[j] for row i, over its non-zeros in order (SciPy's)."""
+    k = CT.shape[1]
+    for j in range(k):
+        scores[j] = 0.0
+    for p in range(Xp[i], Xp[i + 1]):
+        v, c = Xd[p], Xi[p]
+        for j in range(k):
+            scores[j] += v * CT[c, j]
+    for j in range(k):
+        scores[j] = a[j] - scale * scores[j]
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def nearest_rows_csr(Xd, Xi, Xp, CT, a, scale):
+    """``nearest_rows`` over a CSR block, C given as Cᵀ (d, k)."""
+    n = Xp.shape[0] - 1
+    out = np.zeros((n, 1), dtype=np.int64)
+    scores = np.empty(CT.shape[1])
+    for i in range(n):
+        _csr_scores(Xd, Xi, Xp, i, CT, a, scale, scores)
+        out[i, 0] = _argmin(scores)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def group_sum_csr(labels, ids, Xd, Xi, Xp, d):
+    """``group_sum`` over a CSR block: Σ over rows i with labels[i] == ids[j] of X[i], (k, d)."""
+    out = np.zeros((ids.shape[0], d))
+    for i in range(Xp.shape[0] - 1):
+        for j in range(ids.shape[0]):
+            if labels[i] == ids[j]:
+                for p in range(Xp[i], Xp[i + 1]):
+                    out[j, Xi[p]] += Xd[p]
+    return out
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def nearest_group_sums_csr(Xd, Xi, Xp, d, CT, a, scale, ids):
+    """``nearest_group_sums`` over a CSR block in one pass over its non-zeros: per row, its k
+    dot products with Cᵀ's rows at its columns, their argmin, then its values added into that
+    centroid's sums (the row's non-zeros are still in cache) and its count."""
+    k = CT.shape[1]
+    per = np.zeros((k, d + 1))
+    scores = np.empty(k)
+    for i in range(Xp.shape[0] - 1):
+        _csr_scores(Xd, Xi, Xp, i, CT, a, scale, scores)
+        best = _argmin(scores)
+        for p in range(Xp[i], Xp[i + 1]):
+            per[best, Xi[p]] += Xd[p]
+        per[best, d] += 1.0
+    if ids.shape[0] == k and (ids == np.arange(k)).all():
+        return per  # k-means' own ids: no (k, d) copy per block
+    out = np.zeros((ids.shape[0], d + 1))
+    for j in range(ids.shape[0]):
+        for b in range(k):
+            if b == ids[j]:
+                out[j] += per[b]
+    return out

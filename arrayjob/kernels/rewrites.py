@@ -24,6 +24,15 @@ program and the two steps take slices of it. One 500,000 × 64 block, k = 8, one
 loop 35 ms against 56 ms for the assignment, sums and counts loops it replaces
 (``benchmarks/bench_micro.py kmeans-assign``).
 
+*Over CSR blocks.* X may be a CSR row block (``csr``: the compiler passes the sparse arguments
+it holds as CSR): the nearest rows, the group sums and k-means' packed step then run as the
+same loops over X's non-zeros only (``loops.*_csr``, SystemML's Row template over sparse rows):
+per row, ``x·c`` for every c gathers k contiguous floats per non-zero from C held transposed
+(d, k), and its values are added into its group's sums in the same visit. No n × k scores,
+no one-hot matrix and no SciPy product. A job that knows X is sparse binds the centroids
+transposed (``jobs.kmeans.nearest_centroid``, ``X @ Cᵀ`` as ``einsum("ij,jk->ik")``); given as
+(k, d) they are transposed per call.
+
 *Arg-reductions over short rows.* ``argmin``/``argmax`` over the last axis of an n × k array
 with k small (k-means' nearest centroid) is a strided loop per row in NumPy: 55 µs for a
 3,236 × 8 piece against 14 µs as a loop (NaN wins, as in NumPy).
@@ -38,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from arrayjob.kernels.row_layouts import CSRRows
 from arrayjob.planner.ops import Const, Einsum, Map, Reduce
 
 SHORT_ROW = 64  # arg-reductions over at most this many columns run as loops
@@ -52,6 +62,8 @@ class Rewrite:
     run: Callable[[list[Any]], Any]
     loop: str = ""  # the loop's name in ``loops``
     scale: float = 1.0  # nearest rows' s
+    transposed: bool = False  # nearest rows' C given as (d, k)
+    csr: tuple[int, ...] = ()  # the inputs read as CSR blocks (the loop takes them sparse)
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,10 @@ class Packed:
     parts: dict[int, Callable[[Any], Any]]  # step index -> its value from the packed array
 
 
-def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str]) -> dict[int, Rewrite]:
-    """The steps of ``kernel`` (by index) to run as loops."""
+def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str],
+             csr: frozenset[int] = frozenset()) -> dict[int, Rewrite]:
+    """The steps of ``kernel`` (by index) to run as loops; ``csr``: the arguments that are CSR
+    blocks (read by the loops that take X sparse; any other rewrite of them is left out)."""
     loops = _loops()
     if loops is None:
         return {}
@@ -84,9 +98,11 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
             source = step.inputs[0]
             nearest = _nearest(kernel, source, shapes, dtypes) if attrs.fn == "argmin" else None
             if nearest is not None:
-                (x, c, a), scale = nearest
-                found[i] = Rewrite((x, c, a), "rm,cm,c->rz", functools.partial(_nearest_rows, loops.nearest_rows,
-                                                                               (x, c, a), scale), "nearest_rows", scale)
+                (x, c, a), scale, transposed = nearest
+                subscripts = "rm,mc,c->rz" if transposed else "rm,cm,c->rz"
+                run = functools.partial(_nearest_rows, loops, (x, c, a), scale, transposed, x in csr)
+                found[i] = Rewrite((x, c, a), subscripts, run, "nearest_rows", scale, transposed,
+                                   (x,) if x in csr else ())
                 continue
             loop = loops.argmin_rows if attrs.fn == "argmin" else loops.argmax_rows
             found[i] = Rewrite((source,), "rk->rz", functools.partial(_row_loop, loop, source))
@@ -105,6 +121,10 @@ def rewrites(kernel: Any, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[st
             e_term, o_term = terms.split(",")  # E's labels, the other operand's
             (e_row, e_col), (o_row, o_col) = tuple(e_term), tuple(o_term)
             if e_row == o_row and o_col not in (e_row, e_col) and out == e_col + o_col:  # Eᵀ @ X: rows summed per group
+                if other in csr:
+                    found[i] = Rewrite((labels, ids, other), "rz,c,rm->cm", _call_csr(loops.group_sum_csr, labels, ids,
+                                                                                      other), "group_sum", csr=(other,))
+                    continue
                 found[i] = Rewrite((labels, ids, other), "rz,c,rm->cm", _call(loops.group_sum, labels, ids, other),
                                    "group_sum")
             elif e_col == o_row and o_col not in (e_row, e_col) and out == e_row + o_col:  # E @ C: each row's group row
@@ -133,12 +153,9 @@ def packed(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[tuple[int, .
         parts: dict[int, Callable[[Any], Any]] = {i: functools.partial(_leading_columns, d)}
         parts.update({j: functools.partial(_column, d) for j in counts})
         _, c, a = near.inputs
-
-        def run(vals: list[Any], x: int = x, c: int = c, a: int = a, ids: int = ids, s: float = near.scale) -> Any:
-            return loops.nearest_group_sums(*(np.ascontiguousarray(vals[t], dtype=np.float64) for t in (x, c, a)), s,
-                                            np.ascontiguousarray(vals[ids], dtype=np.float64))
-
-        packs.append(Packed((x, c, a, ids), "rm,cm,c,k->kM", run, (shapes[ids][0], d + 1), parts))
+        run = functools.partial(_nearest_group_sums, loops, (x, c, a, ids), near.scale, near.transposed, bool(near.csr))
+        subscripts = "rm,mc,c,k->kM" if near.transposed else "rm,cm,c,k->kM"
+        packs.append(Packed((x, c, a, ids), subscripts, run, (shapes[ids][0], d + 1), parts))
     return packs
 
 
@@ -164,9 +181,10 @@ def _one_hot(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: 
 
 
 def _nearest(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str],
-             ) -> tuple[tuple[int, int, int], float] | None:
-    """((X, C, a) slots, s) when ``slot`` is ``a - s * einsum("ij,kj->ik", X, C)`` (or with
-    ``s`` on the right of the product), X (n, d), C (k, d), a (k,), all float64."""
+             ) -> tuple[tuple[int, int, int], float, bool] | None:
+    """((X, C, a) slots, s, transposed) when ``slot`` is ``a - s * einsum("ij,kj->ik", X, C)``
+    (or with ``s`` on the right of the product), X (n, d), C (k, d), a (k,), all float64; or
+    ``einsum("ij,jk->ik", X, C)`` with C held transposed, (d, k) (``transposed``)."""
     n_args = kernel.n_args
 
     def step(s: int) -> Any:
@@ -182,18 +200,40 @@ def _nearest(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: 
     for const, product in (mul.inputs, mul.inputs[::-1]):
         k_step, p_step = step(const), step(product)
         if k_step is None or not isinstance(k_step.attrs, Const) or p_step is None \
-                or p_step.attrs != Einsum("ij,kj->ik") or len(p_step.inputs) != 2:
+                or p_step.attrs not in (Einsum("ij,kj->ik"), Einsum("ij,jk->ik")) or len(p_step.inputs) != 2:
             continue
         x, c = p_step.inputs
-        if len(shapes[x]) == 2 and len(shapes[c]) == 2 and shapes[x][1] == shapes[c][1] \
-                and shapes[a] == (shapes[c][0],) and all(dtypes[s] == "float64" for s in (x, c, a)):
-            return (x, c, a), float(k_step.attrs.value)
+        transposed = p_step.attrs == Einsum("ij,jk->ik")
+        if len(shapes[x]) == 2 and len(shapes[c]) == 2 and shapes[x][1] == shapes[c][1 - transposed] \
+                and shapes[a] == (shapes[c][transposed],) and all(dtypes[s] == "float64" for s in (x, c, a)):
+            return (x, c, a), float(k_step.attrs.value), transposed
     return None
 
 
-def _nearest_rows(loop: Callable[..., Any], slots: tuple[int, int, int], scale: Any, vals: list[Any]) -> Any:
+def _centroids(C: Any, transposed: bool, want_transposed: bool) -> np.ndarray:
+    """C as a loop reads it: (k, d) rows for a dense X, (d, k) for a CSR one."""
+    C = np.asarray(C, dtype=np.float64)
+    return np.ascontiguousarray(C.T if transposed != want_transposed else C)
+
+
+def _nearest_rows(loops: Any, slots: tuple[int, int, int], scale: Any, transposed: bool, csr: bool,
+                  vals: list[Any]) -> Any:
     x, c, a = slots
-    return loop(np.ascontiguousarray(vals[x]), np.ascontiguousarray(vals[c]), np.ascontiguousarray(vals[a]), scale)
+    C, offsets = _centroids(vals[c], transposed, csr), np.ascontiguousarray(vals[a], dtype=np.float64)
+    if csr:
+        Xd, Xi, Xp, _ = CSRRows().arguments(vals[x])
+        return loops.nearest_rows_csr(Xd, Xi, Xp, C, offsets, scale)
+    return loops.nearest_rows(np.ascontiguousarray(vals[x], dtype=np.float64), C, offsets, scale)
+
+
+def _nearest_group_sums(loops: Any, slots: tuple[int, int, int, int], scale: float, transposed: bool, csr: bool,
+                        vals: list[Any]) -> Any:
+    x, c, a, ids = slots
+    C, offsets = _centroids(vals[c], transposed, csr), np.ascontiguousarray(vals[a], dtype=np.float64)
+    groups = np.ascontiguousarray(vals[ids], dtype=np.float64)
+    if csr:
+        return loops.nearest_group_sums_csr(*CSRRows().arguments(vals[x]), C, offsets, scale, groups)
+    return loops.nearest_group_sums(np.ascontiguousarray(vals[x], dtype=np.float64), C, offsets, scale, groups)
 
 
 def _row_loop(loop: Callable[..., Any], slot: int, vals: list[Any]) -> Any:
@@ -206,6 +246,15 @@ def _leading_columns(d: int, packed: Any) -> Any:
 
 def _column(d: int, packed: Any) -> Any:
     return packed[:, d].copy()
+
+
+def _call_csr(loop: Callable[..., Any], labels: int, ids: int, x: int) -> Callable[[list[Any]], Any]:
+    """``_call`` with its last argument a CSR block, passed as ``CSRRows`` reads it."""
+    def run(vals: list[Any]) -> Any:
+        return loop(np.ascontiguousarray(vals[labels][:, 0]), np.ascontiguousarray(vals[ids], dtype=np.float64),
+                    *CSRRows().arguments(vals[x]))
+
+    return run
 
 
 def _call(loop: Callable[..., Any], *slots: int) -> Callable[[list[Any]], Any]:

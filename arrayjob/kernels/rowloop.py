@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from arrayjob.kernels.row_layouts import ROW_INDEX, CSRRows, DenseRows, RowLayout
+from arrayjob.kernels.row_layouts import ROW_INDEX, CSCColumns, CSRRows, DenseRows, RowLayout
 from arrayjob.kernels.row_layouts import call as _call
 from arrayjob.kernels.row_layouts import load as _load
 from arrayjob.kernels.row_layouts import store as _store
@@ -163,7 +163,8 @@ class _RowLoop:
         shape, sparse = self.shapes[carrier], program.sparse
         if sparse - {carrier}:
             raise _Unfit  # a sparse argument is read in one place only: the carrier
-        self.layout: RowLayout = CSRRows() if carrier in sparse else DenseRows()
+        held_by_columns = carrier in sparse and program.formats.get(carrier) == "csc"
+        self.layout: RowLayout = CSCColumns() if held_by_columns else CSRRows() if carrier in sparse else DenseRows()
         if len(shape) != 2 or self.dtypes[carrier] not in self.layout.dtypes:
             raise _Unfit
         self.carrier, (self.n, self.d) = carrier, shape
@@ -174,6 +175,8 @@ class _RowLoop:
                 raise _Unfit
         self.body: list[ast.stmt] = []  # the loop body: per row, a statement or two per step
         self.accumulators: list[tuple[int, str]] = []  # (slot, "scalar" | "vector")
+        self.dots: list[tuple[str, str]] = []  # X @ w: (target, w)
+        self.scatters: list[str] = []  # Xᵀ @ v: target
         self.steps_pre: list[int] = []
         self.steps_post: list[int] = []
         for i, step in enumerate(self.kernel.steps):
@@ -186,6 +189,7 @@ class _RowLoop:
         for rewrite in REWRITES if rewrites is None else rewrites:
             self.body = rewrite(self.body)
         read = {node.id for stmt in self.body for node in ast.walk(stmt) if isinstance(node, ast.Name)}
+        read.update(w for _, w in self.dots)  # read before the rows by a layout that sweeps columns
         self.rows = [s for s in range(n_args) if self.role[s] == ROW]
         self.pres = [s for s in range(len(self.shapes)) if self.role.get(s) == PRE and f"p{s}" in read]
 
@@ -241,15 +245,13 @@ class _RowLoop:
                 raise _Unfit
             if rb == PRE and other == x[1] and out == x[0] and self.shapes[sb] == (self.d,):
                 self.role[slot] = ROW  # X @ w: a dot product per row
-                w_c = ast.Subscript(_load(f"p{sb}"), self.layout.column(), ast.Load())
-                product = ast.BinOp(self.layout.value(), ast.Mult(), w_c)
-                self.body += [_assign(target, ast.Constant(0.0)), self.layout.over_row(_add_to(_store(target), product))]
+                self.dots.append((target, f"p{sb}"))
+                self.body += self.layout.dot(target, f"p{sb}")
             elif rb == ROW and other == x[0] and out == x[1] and len(self.shapes[sb]) == 1:
                 self.role[slot] = ACC  # Xᵀ @ v: accumulated
                 self.accumulators.append((slot, "vector"))
-                t_c = ast.Subscript(_load(target), self.layout.column(), ast.Store())
-                product = ast.BinOp(self.layout.value(), ast.Mult(), self._value(sb))
-                self.body.append(self.layout.over_row(_add_to(t_c, product)))
+                self.scatters.append(target)
+                self.body += self.layout.scatter(target, self._value(sb))
             else:
                 raise _Unfit
         elif isinstance(attrs, Reduce) and attrs.fn == "sum" and roles == [ROW] and step.dtype == FLOAT:
@@ -275,10 +277,12 @@ class _RowLoop:
         zeros = [_assign(f"t{s}", ast.Constant(0.0) if kind == "scalar" else _call("np.zeros", _load("d")))
                  for s, kind in self.accumulators]
         rows = ast.For(_store(ROW_INDEX), _call("range", _load("n")), self.body, [])
+        before = self.layout.before_rows(self.dots, self.scatters)
+        after = self.layout.after_rows(self.scatters)
         result = ast.Return(ast.Tuple([_load(f"t{s}") for s, _ in self.accumulators], ast.Load()))
         signature = ast.arguments(posonlyargs=[], args=[ast.arg(p) for p in params], kwonlyargs=[],
                                   kw_defaults=[], defaults=[])
-        function = ast.FunctionDef("row_loop", signature, [shape, *zeros, rows, result], [_jit()])
+        function = ast.FunctionDef("row_loop", signature, [shape, *zeros, *before, rows, *after, result], [_jit()])
         return ast.fix_missing_locations(ast.Module([*ast.parse(HELPERS).body, function], []))
 
     def source(self) -> str:
