@@ -8,7 +8,8 @@ With ``--nnz-per-row`` (or ``--density``), logreg, linreg and kmeans write X as 
 group (AnnData's layout, ``io.sparse_writer``), a slab of rows at a time; y stays dense. ALS's
 ratings R are such a group, so it needs one of the two; with ``--format parquet`` the same
 ratings are written instead as a Parquet table ``ratings/part-*.parquet`` of (user, item,
-rating) rows, a file per chunk of users. With ``--classes K`` (K > 2), logreg's labels are
+rating) rows, a file per chunk of users; both write ``users.zarr``, every user's id, for
+``predict`` with the fitted model. With ``--classes K`` (K > 2), logreg's labels are
 0..K−1 (multinomial data).
 """
 
@@ -366,7 +367,8 @@ def als(req: DatagenRequest, nnz: int) -> StorageCounters:
     """Ratings R (users × items: ``rows`` × ``cols``) from low-rank factors plus noise: every
     user rates ``nnz`` distinct items at random, rᵤᵢ = xᵤ·yᵢ + 0.1 ε with ``rank`` factors
     whose entries are N(0, 1/√rank), so that x·y has variance 1 (ε standard normal); the item
-    factors are fixed by the seed, each user's drawn with its chunk."""
+    factors are fixed by the seed, each user's drawn with its chunk. And ``users``: the users'
+    ids 0..rows − 1."""
     counters = StorageCounters()
     scale = req.rank ** -0.25
     items = _rng(req.seed, 99).standard_normal((req.cols, req.rank)) * scale
@@ -381,6 +383,8 @@ def als(req: DatagenRequest, nnz: int) -> StorageCounters:
         _write_ratings_table(req, nnz, rows, counters)
     else:
         _write_sparse(req, nnz, rows, counters, with_y=False, name="R")
+    # every user's id, for predict with the fitted model (configs/predict_als.toml)
+    _write_rows(req, "users", (req.rows,), "int64", lambda start, n, rng: np.arange(start, start + n), counters)
     return counters
 
 

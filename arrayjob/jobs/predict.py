@@ -337,13 +337,17 @@ class Predict(Job):
         n, d = self.arrays["X"].shape[0], self.features
         plan = self.stages(ctx.session.options.cluster.workers)
         score = plan.pass_named("score")
+        # per-row outputs (8n bytes each) are written by the workers: X's blocks are loaded for
+        # the program that writes them (whose results are the writes' counts, not the outputs),
+        # as the estimate prices it
+        program = ctx.writing(score) if ctx.result is not None else plan["score"]
         with ctx.metrics.stage("load"):
             values = self._values(ctx)
-            ctx.session.load(plan["score"])
+            ctx.session.load(program)
         arrays: dict[str, np.ndarray] = {}
         with ctx.metrics.stage(score.stage):
-            if ctx.result is not None:  # per-row outputs (8n bytes each) are written by the workers
-                r = ctx.session.compute(ctx.writing(score), values)
+            if ctx.result is not None:
+                r = ctx.session.compute(program, values)
                 ctx.count_writes(score, r)
             else:
                 arrays = ctx.session.compute(plan["score"], values)
