@@ -92,6 +92,14 @@ def test_what_cannot_be_ratings_is_refused_from_the_footers(tmp_path, kind, mess
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_nulls_read_as_zero_are_refused_for_ratings(tmp_path):
+    opened_table(tmp_path, bad_table("")[0], parts=1)
+    info = open_table_info("R", parse_uri(str(tmp_path / "ratings")), StorageOptions(),
+                           TableSelection(columns=("user", "item", "rating"), nulls="zero")).info
+    with pytest.raises(InputError, match=r'^inputs\.R: nulls = "zero" would read a missing user or item id as 0'):
+        make({"R": info}, rank=2)
+
+
 def test_ids_without_statistics_are_refused(tmp_path):
     import pyarrow.parquet as pq
 

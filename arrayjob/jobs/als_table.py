@@ -2,7 +2,8 @@
 ``R = { uri = ..., columns = ["user", "item", "rating"] }`` (those three columns, in that
 order, of any names; ``jobs.als`` is the job).
 
-What the footers say is checked on the driver, before anything is read: three columns, the
+What the footers say is checked on the driver, before anything is read (and ``nulls =
+"zero"``, which would make a missing id user or item 0, is refused): three columns, the
 ids integer columns (Arrow's int8 … uint64; ids are numbers 0..users − 1 and 0..items − 1,
 not names), every row group carrying statistics of them (Parquet writers do by default) with
 no id below 0. The users are the greatest user id + 1, the items the greatest item id + 1
@@ -54,6 +55,8 @@ def ratings_table(R: ArrayInfo) -> RatingsTable:
     require(layout.list_size is None and len(columns) == 3 and R.ndim == 2,
             f"inputs.R: a table of ratings is read as three columns, user, item and rating, in that order "
             f"(columns = [\"user\", \"item\", \"rating\"]); got {len(columns)}: {', '.join(columns) or 'none'}")
+    require(layout.selection.nulls != "zero", "inputs.R: nulls = \"zero\" would read a missing user or item id as "
+                                              "0, another user's or item's; a table of ratings refuses nulls")
     for role, column, kind, bounds in zip(ROLES[:2], columns, layout.types, layout.bounds, strict=False):
         require(kind.startswith(("int", "uint")),
                 f"inputs.R: column {column!r} (the {role} ids) is {kind}; ids are integers 0, 1, 2, …")
