@@ -137,6 +137,15 @@ def test_bad_ratings_are_refused_where_their_block_is_read(tmp_path, kind, messa
         run(job)
 
 
+def test_implicit_feedback_refuses_a_negative_rating_where_its_block_is_read(tmp_path):
+    table, _ = bad_table("")
+    table = table.set_column(2, "rating", pa.array(np.where(np.arange(table.num_rows) == 7, -3.0, 1.0)))
+    job = make({"R": opened_table(tmp_path, table, parts=1)}, rank=2, implicit=True)
+    with pytest.raises(InputError, match=r"^inputs\.R: a negative rating \(-3; implicit feedback takes counts >= 0\) "
+                                         r"in \[0:24, 0:3\] of "):
+        run(job)
+
+
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 def test_from_the_cli_a_repeat_is_exit_2_and_nothing_is_published(workdir, capsys):
