@@ -6,8 +6,11 @@ Data are generated chunk by chunk with a seed per chunk, so the bytes depend onl
 
 With ``--nnz-per-row`` (or ``--density``), logreg, linreg and kmeans write X as a sparse CSR
 group (AnnData's layout, ``io.sparse_writer``), a slab of rows at a time; y stays dense. ALS's
-ratings R are always such a group, so it needs one of the two. With ``--classes K`` (K > 2),
-logreg's labels are 0..K−1 (multinomial data).
+ratings R are such a group, so it needs one of the two; with ``--format parquet`` the same
+ratings are written instead as a Parquet table ``ratings/part-*.parquet`` of (user, item,
+rating) rows, a file per chunk of users; both write ``users.zarr``, every user's id, for
+``predict`` with the fitted model. With ``--classes K`` (K > 2), logreg's labels are
+0..K−1 (multinomial data).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class DatagenRequest:
     nnz_per_row: int = 0  # > 0: X sparse, with this many non-zeros in every row (logreg, linreg, kmeans; als's R)
     density: float = 0.0  # > 0: X sparse, with round(density × cols) non-zeros in every row
     classes: int = 2  # logreg's classes: more than 2 writes labels 0..classes − 1
+    table: bool = False  # als: the ratings as a Parquet table of (user, item, rating) rows, not a CSR group
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -363,7 +367,8 @@ def als(req: DatagenRequest, nnz: int) -> StorageCounters:
     """Ratings R (users × items: ``rows`` × ``cols``) from low-rank factors plus noise: every
     user rates ``nnz`` distinct items at random, rᵤᵢ = xᵤ·yᵢ + 0.1 ε with ``rank`` factors
     whose entries are N(0, 1/√rank), so that x·y has variance 1 (ε standard normal); the item
-    factors are fixed by the seed, each user's drawn with its chunk."""
+    factors are fixed by the seed, each user's drawn with its chunk. And ``users``: the users'
+    ids 0..rows − 1."""
     counters = StorageCounters()
     scale = req.rank ** -0.25
     items = _rng(req.seed, 99).standard_normal((req.cols, req.rank)) * scale
@@ -374,8 +379,40 @@ def als(req: DatagenRequest, nnz: int) -> StorageCounters:
         ratings = np.einsum("uk,ujk->uj", users, items[columns]) + 0.1 * rng.standard_normal((n, nnz))
         return columns, ratings
 
-    _write_sparse(req, nnz, rows, counters, with_y=False, name="R")
+    if req.table:
+        _write_ratings_table(req, nnz, rows, counters)
+    else:
+        _write_sparse(req, nnz, rows, counters, with_y=False, name="R")
+    # every user's id, for predict with the fitted model (configs/predict_als.toml)
+    _write_rows(req, "users", (req.rows,), "int64", lambda start, n, rng: np.arange(start, start + n), counters)
     return counters
+
+
+def _write_ratings_table(req: DatagenRequest, nnz: int, make: SparseRows, counters: StorageCounters) -> None:
+    """The ratings ``_write_sparse`` would write as R.zarr (the same chunks of users, the same
+    seeds), as ``ratings/part-NNNNN.parquet``: columns user (int64), item (int64), rating
+    (float64), one file per chunk of users, one row group each."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from arrayjob.io.backend import backend_for
+
+    n, chunk_rows = req.rows, max(1, min(req.chunk_rows, req.rows, SLAB_BYTES // (8 * nnz)))
+    backend = backend_for(req.location.join("ratings"), req.options)
+    chunks = -(-n // chunk_rows)
+    for c in range(chunks):
+        start = c * chunk_rows
+        columns, values = make(start, min(chunk_rows, n - start), _rng(req.seed, 0, c))
+        users = np.repeat(np.arange(start, start + len(columns), dtype=np.int64), nnz)
+        table = pa.table({"user": users, "item": columns.ravel().astype(np.int64), "rating": values.ravel()})
+        sink = io.BytesIO()
+        pq.write_table(table, sink, row_group_size=table.num_rows)
+        data = sink.getvalue()
+        backend.write_bytes(f"part-{c:0{max(5, len(str(chunks)))}d}.parquet", data)
+        counters.bytes_written += len(data)
+        counters.put_requests += 1
 
 
 SPARSE_GENERATORS: dict[str, Callable[[DatagenRequest, int], StorageCounters]] = {
@@ -419,6 +456,8 @@ def generate(algorithm: str, req: DatagenRequest) -> StorageCounters:
             raise SpecError(f"datagen: {name} must be >= 1, got {value}")
     if req.classes < 2:
         raise SpecError(f"datagen: --classes must be >= 2, got {req.classes}")
+    if req.table and algorithm != "als":
+        raise SpecError(f"datagen: --format parquet is for als (its ratings as a table), not {algorithm}")
     if req.classes != 2 and algorithm != "logreg":
         raise SpecError(f"datagen: --classes is for logreg, not {algorithm}")
     if any(s < 1 for s in req.shape):

@@ -213,7 +213,8 @@ def test_the_estimate_reads_what_the_run_reads(tmp_path):
 
 BAD = [
     ("dense", {"rank": 2}, InputError, "inputs.R: expected a sparse ratings matrix (users × items, a CSR group in "
-                                       "AnnData's layout), got a dense array of shape (6, 4)"),
+                                       "AnnData's layout, or a Parquet table of user, item and rating columns), got "
+                                       "a dense array of shape (6, 4)"),
     ("csc", {"rank": 2}, InputError, "a csc_matrix group; ALS takes the ratings as CSR (row u: the ratings of user u)"),
     ("init", {"rank": 2}, InputError, "params.init: expected an (items × rank) array of item factors, (4, 2), "
                                       "got (4, 3)"),

@@ -29,12 +29,17 @@ DEMOS = {
     "predict": ([], {"label", "probability"}),
     "als": (["--rows", "3000", "--cols", "300", "--chunk-rows", "500", "--nnz-per-row", "10"],
             {"user_factors", "item_factors"}),
+    "als_table": (["--rows", "3000", "--cols", "300", "--chunk-rows", "500", "--nnz-per-row", "10", "--format",
+                   "parquet"], {"user_factors", "item_factors"}),
+    "predict_als": ([], {"items", "ratings"}),
 }
-CONFIG_NAME = {"cp_als": "cp-als", "logreg_multinomial": "logreg-multinomial"}
-ALGORITHM = {"logreg_multinomial": "logreg"}  # configs named otherwise than their algorithm
+CONFIG_NAME = {"cp_als": "cp-als", "logreg_multinomial": "logreg-multinomial", "als_table": "als-table",
+               "predict_als": "predict-als"}
+# configs named otherwise than their algorithm
+ALGORITHM = {"logreg_multinomial": "logreg", "als_table": "als", "predict_als": "predict"}
 # configs that read another demo's published output (predict: the logreg demo's model): that
 # demo runs first, on its own demo data
-MODEL_OF = {"predict": "logreg"}
+MODEL_OF = {"predict": "logreg", "predict_als": "als"}
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -37,6 +37,11 @@ CASES = {
     "pca": ("pca", ["--rows", "8000", "--cols", "12", "--chunk-rows", "1000", "--rank", "3"], 0.4),
     "gmm": ("gmm", ["--rows", "8000", "--cols", "4", "--chunk-rows", "1000", "--k", "3"], 0.4),
     "als": ("als", ["--rows", "4000", "--cols", "500", "--nnz-per-row", "10", "--chunk-rows", "500", "--rank", "3"], 0.4),
+    "als_table": ("als", ["--rows", "4000", "--cols", "500", "--nnz-per-row", "10", "--chunk-rows", "500", "--rank",
+                          "3", "--format", "parquet"], 0.4),
+    # recommends with the ALS model the test fits first, for every user of als's data
+    "predict_als": ("als", ["--rows", "4000", "--cols", "500", "--nnz-per-row", "10", "--chunk-rows", "500",
+                            "--rank", "3"], 0.95),
     # scores with the logreg model the test publishes first, on logreg's data
     "predict": ("logreg", ["--rows", "8000", "--cols", "6", "--chunk-rows", "1000"], 0.7),
     "mttkrp": ("mttkrp", ["--shape", "400,12,10", "--chunk-rows", "50", "--rank", "3"], 0.4),
@@ -46,13 +51,16 @@ CASES = {
 PARAMS = {"logreg": ["params.max_iter=6"], "kmeans": ["params.max_iter=5", "params.k=4"],
           "logreg_multinomial": ["params.max_iter=6", "params.classes=3"],
           "pca": ["params.k=3"], "gmm": ["params.max_iter=4", "params.k=3"],
-          "als": ["params.max_iter=3", "params.rank=3"],
+          "als": ["params.max_iter=3", "params.rank=3"], "als_table": ["params.max_iter=3", "params.rank=3"],
+          "predict_als": ["params.top_n=1"],
           "cp_als": ["params.max_iter=4", "params.rank=3"],
           # the run learns the node count from the edges; the estimate is told it (else it plans
           # for as many nodes as edges)
           "pagerank": ["params.max_iter=5", "params.n_nodes=20000"]}
 # where datagen writes a config's data: the directory its inputs name
-DATA = {"predict": "logreg"}
+DATA = {"predict": "logreg", "predict_als": "als"}
+# the config that fits the model a scoring config scores with (on the same data)
+MODEL = {"predict": ("logreg", ["params.max_iter=3"]), "predict_als": ("als", ["params.max_iter=3", "params.rank=3"])}
 
 
 def test_every_shipped_config_is_a_case():
@@ -104,8 +112,10 @@ def test_the_run_applies_the_decisions_the_estimate_priced(algorithm, tmp_path, 
     code, _, err = run_cli(["datagen", generator, str(data), *options], capsys)
     assert code == 0, err
     monkeypatch.setenv("ARRAYJOB_BUCKET", str(bucket))
-    if algorithm == "predict":  # the model it scores with
-        code, _, err = run_cli(["run", str(CONFIGS / "logreg.toml"), "--quiet", "--set", "params.max_iter=3"], capsys)
+    if algorithm in MODEL:  # the model it scores with
+        config, sets = MODEL[algorithm]
+        code, _, err = run_cli(["run", str(CONFIGS / f"{config}.toml"), "--quiet",
+                                *(a for s in sets for a in ("--set", s))], capsys)
         assert code == 0, err
     spec = load_spec(CONFIGS / f"{algorithm}.toml", PARAMS.get(algorithm, []))
     job = prepare(spec)

@@ -40,9 +40,15 @@ def _x(tmp_path, X, sparse):
     return open_array_info("X", parse_uri(str(tmp_path / "X.zarr")), options)
 
 
-def score(tmp_path, model_uri, X, sparse=False):
-    """Run predict in process (LocalExecutor); returns its result and the result.zarr the workers wrote."""
-    job = Predict(PredictParams(), {"X": _x(tmp_path, X, sparse)},
+def score(tmp_path, model_uri, X, sparse=False, params=None):
+    """Run predict in process (LocalExecutor); returns its result and the result.zarr the workers wrote.
+    An (n,) X (an ALS model's user ids) is stored as a vector."""
+    if X.ndim == 1:
+        write_array(str(tmp_path / "X.zarr"), X, (CHUNK,))
+        info = open_array_info("X", parse_uri(str(tmp_path / "X.zarr")), StorageOptions())
+    else:
+        info = _x(tmp_path, X, sparse)
+    job = Predict(params or PredictParams(), {"X": info},
                   models={"model": open_model("model", parse_uri(model_uri), StorageOptions())})
     group = ResultGroup(parse_uri(str(tmp_path / "result.zarr")), StorageOptions())
     executor = LocalExecutor(StorageOptions())
@@ -164,7 +170,7 @@ def test_a_model_predict_cannot_score_is_exit_2(tmp_path, capsys):
     write_array(str(tmp_path / "X.zarr"), np.ones((10, 3)), (5, 3))
     _fails(tmp_path, capsys, _spec(tmp_path, model, tmp_path / "X.zarr"),
            f"inputs.model: the tsqr model of run 20250101T000000Z-handmade at {tmp_path / 'model'} cannot be "
-           "scored by predict (it scores models of: gmm, kmeans, linreg, logreg, pca)")
+           "scored by predict (it scores models of: als, gmm, kmeans, linreg, logreg, pca)")
 
 
 def test_a_model_of_a_layout_predict_cannot_score_is_exit_2(tmp_path, capsys):

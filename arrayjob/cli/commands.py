@@ -356,12 +356,16 @@ def calibrate(bucket: str, output: str | None, overrides: tuple[str, ...], debug
                    "als: ratings a user (required).")
 @click.option("--density", type=float, default=0.0,
               help="Write X sparse, with this fraction of each row non-zero (logreg, linreg, kmeans, als).")
+@click.option("--format", "output_format", type=click.Choice(["zarr", "parquet"]), default="zarr", show_default=True,
+              help="als: parquet writes the ratings as a table ratings/part-*.parquet of user, item and rating "
+                   "columns instead of the CSR group R.zarr.")
 @debug_option
 def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, seed: int, clusters: int,
-            classes: int, rank: int, shape: str, edges: int, nnz_per_row: int, density: float, debug: bool) -> None:
+            classes: int, rank: int, shape: str, edges: int, nnz_per_row: int, density: float, output_format: str,
+            debug: bool) -> None:
     """Write demo input arrays for ALGORITHM under URI (Zarr v3; X as a sparse CSR group in
-    AnnData's layout with --nnz-per-row or --density; als: the ratings R, users × items, always
-    such a group)."""
+    AnnData's layout with --nnz-per-row or --density; als: the ratings R, users × items, such a
+    group, or with --format parquet a table of (user, item, rating) rows)."""
     from arrayjob.datagen import DatagenRequest, generate
     from arrayjob.errors import SpecError
     from arrayjob.io.locations import StorageOptions, parse_uri
@@ -373,7 +377,8 @@ def datagen(algorithm: str, uri: str, rows: int, cols: int, chunk_rows: int, see
     except ValueError:
         raise SpecError(f"datagen: --shape expects sizes like 400,400,400, got {shape!r}") from None
     request = DatagenRequest(location, rows, cols, chunk_rows, seed, StorageOptions(), k=clusters, rank=rank,
-                             shape=dims, edges=edges, nnz_per_row=nnz_per_row, density=density, classes=classes)
+                             shape=dims, edges=edges, nnz_per_row=nnz_per_row, density=density, classes=classes,
+                             table=output_format == "parquet")
     counters = generate(algorithm, request)
     click.echo(f"wrote {algorithm} demo data to {location}: {size(counters.bytes_written)} "
                f"in {counters.put_requests:,} requests")

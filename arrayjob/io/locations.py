@@ -225,6 +225,11 @@ class TableLayout:
     # of ``selection.id_column``, per row group: the (offset, compressed, uncompressed) bytes of
     # its column chunks (a nested type's leaves, which lie side by side, as one range)
     id_chunks: tuple[tuple[int, int, int], ...] = ()
+    # per selected column: its type as Arrow names it ("int64", "double", ...), and its least and
+    # greatest values where every row group's statistics give them (None where one does not):
+    # metadata a job may check before anything is read (ALS's ids: integers from 0)
+    types: tuple[str, ...] = ()
+    bounds: tuple[tuple[float, float] | None, ...] = ()
 
     def groups(self, start: int, stop: int) -> range:
         """The row groups rows [start, stop) overlap."""
@@ -364,7 +369,7 @@ class ArrayInfo:
         groups = tuple(dataclasses.replace(g, chunks=(c,)) for g, c in zip(layout.row_groups, layout.id_chunks,
                                                                           strict=True))
         ids = dataclasses.replace(layout, selection=TableSelection(column=column), columns=(column,),
-                                  list_size=None, row_groups=groups, id_chunks=())
+                                  list_size=None, row_groups=groups, id_chunks=(), types=(), bounds=())
         return ArrayInfo(f"{self.name}.{column}", self.location, (self.shape[0],), "object", (self.chunks[0],), 0,
                          table=ids)
 

@@ -124,6 +124,7 @@ def open_table_info(name: str, location: Location, options: StorageOptions,
     groups: list[RowGroupChunks] = []
     offsets = [0]
     id_chunks: list[tuple[int, int, int]] = []
+    bounds: list[tuple[float, float] | None] = [(float("inf"), float("-inf")) for _ in columns]
     for f, file in enumerate(files):
         found, leaves, _ = _select(name, file, selection, against=None if f == 0 else first)
         _agree(name, first, file, columns, found)
@@ -132,6 +133,8 @@ def open_table_info(name: str, location: Location, options: StorageOptions,
             row_group = file.metadata.row_group(g)
             if row_group.num_rows == 0:
                 continue
+            if list_size is None:
+                bounds = [_widened(b, row_group.column(leaf).statistics) for b, leaf in zip(bounds, leaves, strict=True)]
             stored = tuple(_chunk(name, file, g, row_group.column(leaf)) for leaf in leaves)
             groups.append(RowGroupChunks(f, g, row_group.num_rows, stored))
             offsets.append(offsets[-1] + row_group.num_rows)
@@ -145,12 +148,25 @@ def open_table_info(name: str, location: Location, options: StorageOptions,
     row_chunk = max(counts, key=lambda r: (counts[r], r))
     layout = TableLayout(selection=selection, columns=columns, list_size=list_size, files=tuple(keys),
                          sizes=tuple(f.size for f in files), footers=tuple(f.footer for f in files),
-                         row_groups=tuple(groups), offsets=tuple(offsets), id_chunks=tuple(id_chunks))
+                         row_groups=tuple(groups), offsets=tuple(offsets), id_chunks=tuple(id_chunks),
+                         types=tuple(str(first.metadata.schema.to_arrow_schema().field(c).type) for c in columns),
+                         bounds=tuple(bounds) if list_size is None else ())
     width = list_size if list_size is not None else len(columns)
     shape, chunks = ((rows,), (row_chunk,)) if selection.column is not None else ((rows, width), (row_chunk, width))
     info = ArrayInfo(name=name, location=root, shape=shape, dtype="float64", chunks=chunks, zarr_format=0,
                      table=layout)
     return TableInfoRead(info, counters)
+
+
+def _widened(bounds: tuple[float, float] | None, statistics: Any) -> tuple[float, float] | None:
+    """``bounds`` (least, greatest) widened by a column chunk's ``statistics``; None once a
+    chunk has none (then nothing is known of the column's values without reading them)."""
+    if bounds is None or statistics is None or not statistics.has_min_max:
+        return None
+    low, high = statistics.min, statistics.max
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high)):
+        return None
+    return min(bounds[0], low), max(bounds[1], high)
 
 
 def _bucket_exists(location: Location, options: StorageOptions) -> bool:

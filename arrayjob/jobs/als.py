@@ -26,6 +26,11 @@ the objective for the factors it has just solved (``als_solve.objective_terms``:
 residuals over Ω need both sides), so the objective after each iteration costs no pass of
 its own.
 
+R may also be a Parquet table of (user, item, rating) rows (``jobs.als_table``): its row
+blocks are split by user block and by item block and both layouts are built from the pieces
+in "load" (a kept block of users then is the CSC matrix of their columns, read through its
+transpose), so the iterations are the same as from a CSR group, and so are the factors.
+
 When the memory budget cannot hold both layouts (and the build's pieces while it runs), the
 one memory model decides as for any job (docs/operating.md, "Bigger than memory"): R's row
 blocks stream (from the nodes' spill, or storage), the pieces and the column blocks are kept
@@ -83,6 +88,13 @@ from arrayjob.jobs.als_layout import (
     index_dtype,
 )
 from arrayjob.jobs.als_solve import ItemStep, SolveWork, UserStep
+from arrayjob.jobs.als_table import (
+    NoRepeats,
+    RatingsCheck,
+    RatingsTable,
+    SplitRatings,
+    ratings_table,
+)
 from arrayjob.jobs.tsqr import block_rows_for
 
 PIECES, COLUMNS = "als-pieces", "als-columns"  # handles of the split row blocks and of R's column layout
@@ -119,17 +131,24 @@ class ALS(Job):
 
     def check_inputs(self) -> None:
         R = self.arrays["R"]
-        require(R.sparse is not None, f"inputs.R: expected a sparse ratings matrix (users × items, a CSR group in "
-                                      f"AnnData's layout), got a dense array of shape {R.shape}")
-        assert R.sparse is not None
-        require(R.sparse.format == "csr", f"inputs.R: {R.uri}: a {R.sparse.format}_matrix group; ALS takes the "
-                                          f"ratings as CSR (row u: the ratings of user u)")
-        require_numeric(R)
-        require(R.sparse.nnz > 0, f"inputs.R: {R.uri} holds no ratings")
+        if R.table is not None:  # a table of (user, item, rating) rows (``jobs.als_table``)
+            self.table: RatingsTable | None = ratings_table(R)
+            self.users, self.items, self.nnz = self.table.users, self.table.items, self.table.nnz
+        else:
+            self.table = None
+            require(R.sparse is not None, f"inputs.R: expected a sparse ratings matrix (users × items, a CSR group "
+                                          f"in AnnData's layout, or a Parquet table of user, item and rating "
+                                          f"columns), got a dense array of shape {R.shape}")
+            assert R.sparse is not None
+            require(R.sparse.format == "csr", f"inputs.R: {R.uri}: a {R.sparse.format}_matrix group; ALS takes the "
+                                              f"ratings as CSR (row u: the ratings of user u)")
+            require_numeric(R)
+            require(R.sparse.nnz > 0, f"inputs.R: {R.uri} holds no ratings")
+            (self.users, self.items), self.nnz = R.shape, R.sparse.nnz
         p = self.params
         if p.init != "random":
             self.init_array = open_array_info("init", parse_uri(p.init, key="params.init"), self.storage)
-            shape = (R.shape[1], p.rank)
+            shape = (self.items, p.rank)
             require(self.init_array.shape == shape, f"params.init: expected an (items × rank) array of item factors, "
                                                     f"{shape}, got {self.init_array.shape}")
 
@@ -139,74 +158,100 @@ class ALS(Job):
         return self.params.alpha if self.params.implicit else None
 
     def describe(self) -> str:
-        R = self.arrays["R"]
-        assert R.sparse is not None
         kind = f"implicit, alpha = {self.params.alpha:g}" if self.params.implicit else "explicit, weighted-λ"
-        return (f"{self.title} ({kind}), rank {self.params.rank}, on R {R.shape[0]:,} users × {R.shape[1]:,} items, "
-                f"{R.sparse.nnz:,} ratings; R kept in two layouts: CSR row blocks for the users, CSC column blocks "
-                f"(built once) for the items")
+        layouts = ("CSR row blocks for the users, CSC column blocks (built once) for the items" if self.table is None
+                   else "user blocks and item blocks, both built once from the table's row blocks")
+        return (f"{self.title} ({kind}), rank {self.params.rank}, on R {self.users:,} users × {self.items:,} items, "
+                f"{self.nnz:,} ratings{' (a table)' if self.table else ''}; R kept in two layouts: {layouts}")
 
     # -- blocks ---------------------------------------------------------------------------------
     def _row_blocks(self, workers: int) -> tuple[int, int]:
-        """(users per row block, row blocks): the planner's row blocks of R, chunk-aligned."""
+        """(rows per block, blocks) of R as stored: the planner's row blocks, chunk-aligned
+        (users of a CSR R; ratings of a table)."""
         rows = block_rows_for(self, "R", workers)
         return rows, math.ceil(self.arrays["R"].shape[0] / rows)
 
+    def _blocks_of(self, count: int, workers: int) -> tuple[int, int]:
+        """(users or items per block, blocks): as many as R has row blocks (at most one per
+        user or item), so every half-iteration runs as many tasks."""
+        width = math.ceil(count / min(count, self._row_blocks(workers)[1]))
+        return width, math.ceil(count / width)
+
+    def _user_blocks(self, workers: int) -> tuple[int, int]:
+        """(users per block, user blocks): R's row blocks, of a CSR R."""
+        return self._row_blocks(workers) if self.table is None else self._blocks_of(self.users, workers)
+
     def _item_blocks(self, workers: int) -> tuple[int, int]:
-        """(items per column block, column blocks): as many as there are row blocks (at most
-        one per item), so both half-iterations run as many tasks."""
-        items = self.arrays["R"].shape[1]
-        width = math.ceil(items / min(items, self._row_blocks(workers)[1]))
-        return width, math.ceil(items / width)
+        return self._blocks_of(self.items, workers)
 
     def _padded_entries(self, workers: int) -> int:
-        """The most ratings a row block holds (from the ``indptr`` read when R was opened): the
-        length of every row block's split arrays."""
+        """The most ratings a row block of R holds (of a CSR R: from the ``indptr`` read when R
+        was opened): the length of every row block's split arrays."""
         R = self.arrays["R"]
-        assert R.sparse is not None
         rows, blocks = self._row_blocks(workers)
+        if R.sparse is None:
+            return min(rows, self.nnz)
         users = R.shape[0]
         return max(1, max(R.sparse.nnz_between(b * rows, min((b + 1) * rows, users), R.chunks[0], users)
                           for b in range(blocks)))
 
     def _ratings(self) -> la.BlockArray:
-        check = Kernel("als_negative_rating", negative_rating) if self.params.implicit else None
-        return la.from_input(self.arrays["R"], check)
-
-    def _column_block_bytes(self, workers: int) -> int:
         R = self.arrays["R"]
-        assert R.sparse is not None
-        width, blocks = self._item_blocks(workers)
-        return csc_bytes(R.sparse.nnz / blocks, width, R.shape[0])
+        if self.table is not None:
+            check = RatingsCheck(self.users, self.items, R.table.columns if R.table else (), self.params.implicit)
+            return la.from_input(R, Kernel("als_table_check", check))
+        return la.from_input(R, Kernel("als_negative_rating", negative_rating) if self.params.implicit else None)
 
-    def _kept_columns(self, workers: int) -> la.BlockArray:
-        """R's column layout as ``Session.persist(..., handle=COLUMNS)`` keeps it."""
-        blocks = self._item_blocks(workers)[1]
-        return la.cached(f"{COLUMNS}:columns", (blocks, 1), "object", (1, 1), self._column_block_bytes(workers))
+    def _block_bytes(self, side: str, workers: int) -> int:
+        """A kept block's bytes: ratings spread evenly over the blocks."""
+        width, blocks = self._item_blocks(workers) if side == "columns" else self._user_blocks(workers)
+        return csc_bytes(self.nnz / blocks, width, self.users if side == "columns" else self.items)
+
+    def _kept(self, side: str, workers: int) -> la.BlockArray:
+        """R's column layout (``side`` "columns"), or of a table its user blocks ("rows"), as
+        ``Session.persist(..., handle=COLUMNS)`` keeps it."""
+        blocks = (self._item_blocks if side == "columns" else self._user_blocks)(workers)[1]
+        return la.cached(f"{COLUMNS}:{side}", (blocks, 1), "object", (1, 1), self._block_bytes(side, workers))
 
     def _pieces_declared(self, workers: int) -> list[tuple[str, tuple[int, ...], str, tuple[int, ...]]]:
         """The split's outputs, (name, shape, dtype, block shape): every row block's entries
         sorted by item (item ids, users within the block, ratings), padded to the most any row
-        block holds, and where each item block's entries start."""
-        users, items = self.arrays["R"].shape
+        block holds, and where each item block's entries start; of a table, its entries sorted
+        by user block as well (``jobs.als_table``)."""
         rows, row_blocks = self._row_blocks(workers)
-        blocks = self._item_blocks(workers)[1]
         entries = self._padded_entries(workers)
-        return [("item_ids", (row_blocks * entries,), index_dtype(items), (entries,)),
-                ("user_ids", (row_blocks * entries,), index_dtype(rows), (entries,)),
-                ("ratings", (row_blocks * entries,), "float64", (entries,)),
-                ("starts", (row_blocks, blocks + 1), "int64", (1, blocks + 1))]
+
+        def side(prefix: str, lines: int, others: int, blocks: int) -> list[tuple[str, tuple[int, ...], str,
+                                                                                  tuple[int, ...]]]:
+            return [(f"{prefix}item_ids" if not prefix else f"{prefix}line_ids", (row_blocks * entries,),
+                     index_dtype(lines), (entries,)),
+                    (f"{prefix}user_ids" if not prefix else f"{prefix}other_ids", (row_blocks * entries,),
+                     index_dtype(others), (entries,)),
+                    (f"{prefix}ratings", (row_blocks * entries,), "float64", (entries,)),
+                    (f"{prefix}starts", (row_blocks, blocks + 1), "int64", (1, blocks + 1))]
+
+        if self.table is None:
+            return side("", self.items, rows, self._item_blocks(workers)[1])
+        return (side("by_user_", self.users, self.items, self._user_blocks(workers)[1])
+                + side("by_item_", self.items, self.users, self._item_blocks(workers)[1]))
 
     def _split(self, workers: int) -> dict[str, la.BlockArray]:
-        """Each CSR row block of R transposed and cut by item block (``jobs.als_layout``)."""
+        """Each CSR row block of R transposed and cut by item block (``jobs.als_layout``); each
+        block of a table cut by user block and by item block (``jobs.als_table``)."""
         rows = self._row_blocks(workers)[0]
         width = self._item_blocks(workers)[0]
         entries = self._padded_entries(workers)
         declared = self._pieces_declared(workers)
-        split = SplitByItemBlock(self.arrays["R"].shape[1], width, entries)
-        pieces = la.map_blocks(Kernel("als_split_by_item_block", split), self._ratings(),
+        split: SplitByItemBlock | SplitRatings
+        if self.table is None:
+            split, name = SplitByItemBlock(self.items, width, entries), "als_split_by_item_block"
+            cost = LayoutWork("split", entries, self.items)
+        else:
+            split = SplitRatings(self.users, self.items, self._user_blocks(workers)[0], width, entries)
+            name, cost = "als_split_ratings", LayoutWork("split", 2 * entries, self.users + self.items)
+        pieces = la.map_blocks(Kernel(name, split), self._ratings(),
                                outputs=[(shape, dtype, block[0]) for _, shape, dtype, block in declared],
-                               block_rows=[rows], cost=LayoutWork("split", entries, self.arrays["R"].shape[1]))
+                               block_rows=[rows], cost=cost)
         return {name: x for (name, *_), x in zip(declared, pieces, strict=True)}
 
     def _kept_pieces(self, workers: int) -> dict[str, la.BlockArray]:
@@ -216,51 +261,62 @@ class ALS(Job):
 
     def _layout(self, workers: int) -> dict[str, la.BlockArray]:
         """R's CSC column blocks, each gathered from every row block's kept pieces
-        (``jobs.als_layout``)."""
+        (``jobs.als_layout``); of a table, its user blocks too (``jobs.als_table``)."""
         R = self.arrays["R"]
-        assert R.sparse is not None
-        users, items = R.shape
         rows = self._row_blocks(workers)[0]
-        width, blocks = self._item_blocks(workers)
-        build = BuildItemBlock(users, items, rows, width, self._padded_entries(workers))
+        entries = self._padded_entries(workers)
         pieces = self._kept_pieces(workers)
-        (columns,) = la.map_blocks(
-            Kernel("als_build_item_block", build), la.value("item_blocks", (blocks,), "int64"),
-            pieces["item_ids"], pieces["user_ids"], pieces["ratings"], pieces["starts"],
-            outputs=[((blocks, 1), "object", 1, self._column_block_bytes(workers))],
-            block_rows=[1, None, None, None, None], cost=LayoutWork("build", R.sparse.nnz / blocks, width))
-        return {"columns": columns}
+        if self.table is None:
+            width, blocks = self._item_blocks(workers)
+            build = BuildItemBlock(self.users, self.items, rows, width, entries)
+            (columns,) = la.map_blocks(
+                Kernel("als_build_item_block", build), la.value("item_blocks", (blocks,), "int64"),
+                pieces["item_ids"], pieces["user_ids"], pieces["ratings"], pieces["starts"],
+                outputs=[((blocks, 1), "object", 1, self._block_bytes("columns", workers))],
+                block_rows=[1, None, None, None, None], cost=LayoutWork("build", self.nnz / blocks, width))
+            return {"columns": columns}
+        built = {}
+        for side, (lines, others), prefix in (("rows", ("user", "item"), "by_user_"),
+                                             ("columns", ("item", "user"), "by_item_")):
+            width, blocks = (self._user_blocks if side == "rows" else self._item_blocks)(workers)
+            counts = {"user": self.users, "item": self.items}
+            checked = NoRepeats(BuildItemBlock(counts[others], counts[lines], 0, width, entries, unsorted=True),
+                                lines, str(R.location))
+            (built[side],) = la.map_blocks(
+                Kernel(f"als_build_{lines}_block", checked), la.value(f"{lines}_blocks", (blocks,), "int64"),
+                *(pieces[f"{prefix}{name}"] for name in ("line_ids", "other_ids", "ratings", "starts")),
+                outputs=[((blocks, 1), "object", 1, self._block_bytes(side, workers))],
+                block_rows=[1, None, None, None, None], cost=LayoutWork("build", self.nnz / blocks, width))
+        return built
 
     def _grams(self, name: str) -> tuple[la.BlockArray, ...]:
         rank = self.params.rank
         return (la.value(name, (rank, rank)),) if self.params.implicit else ()
 
     def _users(self, workers: int) -> dict[str, la.BlockArray]:
-        """One task per row block: its users' factors, given Y."""
-        R = self.arrays["R"]
-        assert R.sparse is not None
-        (users, items), rank = R.shape, self.params.rank
-        rows, row_blocks = self._row_blocks(workers)
+        """One task per row block of a CSR R (per kept user block of a table): its users'
+        factors, given Y."""
+        users, items, rank = self.users, self.items, self.params.rank
+        rows, row_blocks = self._user_blocks(workers)
         gram = self._grams("item_gram")
-        (x,) = la.map_blocks(Kernel("als_users", UserStep(self.params.l2, self.alpha)), self._ratings(),
+        ratings, block = (self._ratings(), rows) if self.table is None else (self._kept("rows", workers), 1)
+        (x,) = la.map_blocks(Kernel("als_users", UserStep(self.params.l2, self.alpha)), ratings,
                              la.value("item_factors", (items, rank)), *gram, outputs=[((users, rank), "float64", rows)],
-                             block_rows=[rows, None, *(None for _ in gram)],
-                             cost=SolveWork(R.sparse.nnz / row_blocks, rows, rank))
+                             block_rows=[block, None, *(None for _ in gram)],
+                             cost=SolveWork(self.nnz / row_blocks, rows, rank))
         return {"user_factors": x}
 
     def _items(self, workers: int) -> dict[str, la.BlockArray]:
         """One task per kept column block: its items' factors given X, and its terms of the
         objective."""
-        R = self.arrays["R"]
-        assert R.sparse is not None
-        (users, items), rank = R.shape, self.params.rank
+        users, items, rank = self.users, self.items, self.params.rank
         width, blocks = self._item_blocks(workers)
         gram = self._grams("user_gram")
         y, terms = la.map_blocks(Kernel("als_items", ItemStep(self.params.l2, self.alpha)),
-                                 self._kept_columns(workers), la.value("user_factors", (users, rank)), *gram,
+                                 self._kept("columns", workers), la.value("user_factors", (users, rank)), *gram,
                                  outputs=[((items, rank), "float64", width), ((blocks, 3), "float64", 1)],
                                  block_rows=[1, None, *(None for _ in gram)],
-                                 cost=SolveWork(R.sparse.nnz / blocks, width, rank, objective=True))
+                                 cost=SolveWork(self.nnz / blocks, width, rank, objective=True))
         return {"item_factors": y, "terms": terms}
 
     def stages(self, workers: int) -> StagePlan:
@@ -277,16 +333,14 @@ class ALS(Job):
         ))
 
     def outputs_estimate(self) -> list[tuple[tuple[int, ...], str, int | None]]:
-        users, items = self.arrays["R"].shape
-        return [((users, self.params.rank), "float64", None), ((items, self.params.rank), "float64", None)]
+        return [((self.users, self.params.rank), "float64", None), ((self.items, self.params.rank), "float64", None)]
 
     # -- the run --------------------------------------------------------------------------------
     def initial(self, ctx: JobContext) -> np.ndarray:
         """Y₀: ``init``'s array, or N(0, 1) / √rank from ``seed``."""
         p = self.params
         if p.init == "random":
-            items = self.arrays["R"].shape[1]
-            return np.random.default_rng(p.seed).standard_normal((items, p.rank)) / math.sqrt(p.rank)
+            return np.random.default_rng(p.seed).standard_normal((self.items, p.rank)) / math.sqrt(p.rank)
         factors = read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
         if not np.isfinite(factors).all():
             raise InputError("params.init: the initial item factors hold NaN or infinite values")
@@ -308,12 +362,13 @@ class ALS(Job):
             # R's row blocks are read by the split (and stay for the users' passes); its pieces
             # are kept, not held as results, so the budget's split of R does not count them
             pieces = ctx.session.persist(plan["split"], handle=PIECES)
-            blocks = self._item_blocks(workers)[1]
-            kept = ctx.session.persist(plan["layout"], {"item_blocks": np.arange(blocks, dtype=np.int64)},
-                                       handle=COLUMNS)
+            blocks = {"item_blocks": np.arange(self._item_blocks(workers)[1], dtype=np.int64),
+                      "user_blocks": np.arange(self._user_blocks(workers)[1], dtype=np.int64)}
+            kept = ctx.session.persist(plan["layout"], blocks, handle=COLUMNS)
             ctx.session.release(pieces)
             # kept as the declared programs read them
-            for arrays, declared in ((pieces, self._kept_pieces(workers)), (kept, {"columns": self._kept_columns(workers)})):
+            layouts = {side: self._kept(side, workers) for side in kept}
+            for arrays, declared in ((pieces, self._kept_pieces(workers)), (kept, layouts)):
                 assert {k: a.attrs for k, a in arrays.items()} == {k: a.attrs for k, a in declared.items()}
             saved = ctx.checkpoints.restore()  # the factors after an iteration
             if saved is None:
@@ -337,10 +392,9 @@ class ALS(Job):
         assert x is not None  # max_iter >= 1
         attrs = {"objective": objective, "iterations": iterations, "rank": p.rank, "l2": p.l2,
                  "implicit": p.implicit, **({"alpha": p.alpha} if p.implicit else {})}
-        R = self.arrays["R"]
         return JobResult({"user_factors": x, "item_factors": y}, attrs,
                          [f"{iterations} iterations: objective {objective[0]:.10g} after the first, "
-                          f"{objective[-1]:.10g} after the last; {R.shape[0]:,} users × {R.shape[1]:,} items, "
+                          f"{objective[-1]:.10g} after the last; {self.users:,} users × {self.items:,} items, "
                           f"rank {p.rank}"])
 
     def _gram(self, name: str, factors: np.ndarray) -> dict[str, np.ndarray]:

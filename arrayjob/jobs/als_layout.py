@@ -71,13 +71,19 @@ class SplitByItemBlock:
 class BuildItemBlock:
     """Column block ``c`` of R (all users × items ``c·item_block …``) as a SciPy CSC matrix in a
     (1, 1) object block, from every row block's split (``SplitByItemBlock``; row blocks of
-    ``block_rows`` users, arrays of ``entries``)."""
+    ``block_rows`` users, arrays of ``entries``).
+
+    ``unsorted``: the pieces come in no user order (blocks of a table of ratings, whose user
+    ids are whole ids: ``block_rows`` 0), so the entries are sorted by (item, user).
+    Built the other way round (users as the lines, items as the others), it is a block of
+    users as the CSC matrix of their columns (``jobs.als_table``)."""
 
     users: int
     items: int
     block_rows: int
     item_block: int
     entries: int
+    unsorted: bool = False
 
     def __call__(self, block_id: np.ndarray, item_ids: np.ndarray, users: np.ndarray, ratings: np.ndarray,
                  starts: np.ndarray) -> np.ndarray:
@@ -92,7 +98,7 @@ class BuildItemBlock:
         values = np.concatenate([ratings[lo:hi] for lo, hi in spans])
         # row blocks come in user order and each is sorted by (item, user): a stable sort by
         # item leaves every item's users ascending
-        order = np.argsort(mine, kind="stable")
+        order = np.lexsort((who, mine)) if self.unsorted else np.argsort(mine, kind="stable")
         indptr = np.zeros(width + 1, dtype=np.int64)
         np.cumsum(np.bincount(mine, minlength=width), out=indptr[1:])
         matrix = scipy.sparse.csc_matrix((values[order], who[order].astype(index_dtype(self.users)), indptr),

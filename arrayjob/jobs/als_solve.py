@@ -126,14 +126,19 @@ def objective_terms(ratings: scipy.sparse.csr_matrix, own: np.ndarray, other: np
 
 @dataclass(frozen=True)
 class UserStep:
-    """Solve a row block's users (a CSR block of R) given the item factors (and, implicit, their
-    Gram): the block's rows of X."""
+    """Solve a row block's users (a CSR block of R, or a kept block of users built from a table:
+    the CSC matrix of their columns in a (1, 1) object block) given the item factors (and,
+    implicit, their Gram): the block's rows of X."""
 
     l2: float
     alpha: float | None  # None: explicit ratings
 
-    def __call__(self, block: scipy.sparse.csr_matrix, items: np.ndarray, *gram: np.ndarray) -> np.ndarray:
-        ratings = canonical(scipy.sparse.csr_matrix(block))
+    def __call__(self, block: scipy.sparse.csr_matrix | np.ndarray, items: np.ndarray, *gram: np.ndarray) -> np.ndarray:
+        if isinstance(block, np.ndarray) and block.dtype == object:
+            (columns,) = block.ravel()
+            ratings = columns.T  # items × users read as users × items: no copy
+        else:
+            ratings = canonical(scipy.sparse.csr_matrix(block))
         return solve_rows(ratings, items, self.l2, self.alpha, gram[0] if gram else None)
 
 

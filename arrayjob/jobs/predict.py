@@ -20,6 +20,11 @@ run's result.zarr chunked like X's rows:
   stays sparse (scikit-learn's ``transform``).
 - ``gmm``: ``label``, the component of highest posterior, by the mixture's own pass
   (``jobs.gmm.gmm_program``; scikit-learn's ``predict``).
+- ``als``: X is an (n,) vector of user ids (integers 0..users − 1 of the model), not
+  features; ``items`` (n, ``top_n``) are each user's ``top_n`` items by xᵤ·yᵢ, best first,
+  and ``ratings`` (n, ``top_n``) those scores: Spark MLlib's ``recommendForUserSubset`` (and,
+  with X every user id, ``recommendForAllUsers``), which, like this, does not leave out the
+  items a user has rated (the model holds factors, not ratings). Ties come in any order.
 
 A model of any other algorithm is refused in one line (exit 2) before X is read. Scoring
 another algorithm is one entry in ``SCORERS``: the fitted arrays it reads, the feature count
@@ -36,7 +41,7 @@ multinomial probabilities); the model's arrays (K × d floats) read once, whole,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +52,7 @@ from arrayjob.api import (
     Job,
     JobContext,
     JobResult,
+    Kernel,
     Pass,
     PublishedModel,
     StagePlan,
@@ -55,6 +61,7 @@ from arrayjob.api import (
     require,
     require_numeric,
 )
+from arrayjob.jobs.als_scoring import TopItems, TopItemsWork, UserIds
 from arrayjob.jobs.gmm import Mixture, gmm_program
 from arrayjob.jobs.kmeans import centroid_values, nearest_centroid
 
@@ -69,12 +76,23 @@ class Scorer:
     feature count their shapes imply (a ``ValueError`` saying what is wrong for a layout it
     cannot score). ``program``: the per-row outputs from X and ``la.value`` arrays named as
     ``values`` binds them. ``values``: what the driver binds, from the arrays as read.
+    ``ids``: X is not features but an (n,) vector of ids of the model's rows (ALS's users),
+    checked where each block is read by ``check(count)``, ``count`` from the shapes.
     """
 
     arrays: tuple[str, ...]
     features: Callable[[Shapes], int]
-    program: Callable[[la.BlockArray, Shapes], dict[str, la.BlockArray]]
+    program: Callable[[la.BlockArray, Shapes, ScoreOptions], dict[str, la.BlockArray]]
     values: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+    ids: Callable[[Shapes], int] | None = None
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """What a program takes beyond X and the model: X's rows per block, and ``params.top_n``."""
+
+    rows: int
+    top_n: int
 
 
 def _classes(shapes: Shapes) -> int:
@@ -90,7 +108,7 @@ def _logreg_features(shapes: Shapes) -> int:
     raise ValueError(f"coef {coef} and intercept {intercept}: expected (d,) and (1,), or (K, d) and (K,)")
 
 
-def _logreg_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+def _logreg_program(X: la.BlockArray, shapes: Shapes, options: ScoreOptions) -> dict[str, la.BlockArray]:
     k, d = _classes(shapes), shapes["coef"][-1]
     if k == 2:
         z = X @ la.value("coef", (d,)) + la.value("intercept", ())
@@ -115,7 +133,7 @@ def _linreg_features(shapes: Shapes) -> int:
     raise ValueError(f"coef {coef} and intercept {intercept}: expected (d,) and (1,)")
 
 
-def _linreg_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+def _linreg_program(X: la.BlockArray, shapes: Shapes, options: ScoreOptions) -> dict[str, la.BlockArray]:
     return {"prediction": X @ la.value("coef", shapes["coef"]) + la.value("intercept", ())}
 
 
@@ -130,7 +148,7 @@ def _kmeans_features(shapes: Shapes) -> int:
     raise ValueError(f"centroids {centroids}: expected (k, d)")
 
 
-def _kmeans_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+def _kmeans_program(X: la.BlockArray, shapes: Shapes, options: ScoreOptions) -> dict[str, la.BlockArray]:
     _, _, labels = nearest_centroid(X, shapes["centroids"][0])
     return {"label": labels.sum(axis=1)}  # (n, 1) -> (n,)
 
@@ -146,7 +164,7 @@ def _pca_features(shapes: Shapes) -> int:
     raise ValueError(f"components {components} and mean {mean}: expected (k, d) and (d,)")
 
 
-def _pca_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+def _pca_program(X: la.BlockArray, shapes: Shapes, options: ScoreOptions) -> dict[str, la.BlockArray]:
     k, d = shapes["components"]
     # X Vₖ − 1(μᵀVₖ): the centring applied to the product, so a sparse X stays sparse
     return {"scores": X @ la.value("basis", (d, k)) - la.value("shift", (k,))}
@@ -165,7 +183,7 @@ def _gmm_features(shapes: Shapes) -> int:
                      "expected (k,), (k, d) and (k, d, d) or (k, d)")
 
 
-def _gmm_program(X: la.BlockArray, shapes: Shapes) -> dict[str, la.BlockArray]:
+def _gmm_program(X: la.BlockArray, shapes: Shapes, options: ScoreOptions) -> dict[str, la.BlockArray]:
     k, _ = shapes["means"]
     covariance = "full" if len(shapes["covariances"]) == 3 else "diag"
     return {"label": gmm_program(X, k, covariance, final=True)["labels"]}
@@ -176,6 +194,28 @@ def _gmm_values(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return mixture.pass_values(np.zeros(mixture.means.shape[1]), "of the model")
 
 
+def _als_features(shapes: Shapes) -> int:
+    users, items = shapes["user_factors"], shapes["item_factors"]
+    if len(users) == 2 and len(items) == 2 and users[1] == items[1]:
+        return users[1]
+    raise ValueError(f"user_factors {users} and item_factors {items}: expected (users, rank) and (items, rank)")
+
+
+def _als_program(X: la.BlockArray, shapes: Shapes, options: ScoreOptions) -> dict[str, la.BlockArray]:
+    (n,), (users, rank), (items, _) = X.shape, shapes["user_factors"], shapes["item_factors"]
+    top = TopItems(options.top_n)
+    items_out, ratings = la.map_blocks(
+        Kernel("als_top_items", top), X, la.value("user_factors", (users, rank)),
+        la.value("item_factors", (items, rank)),
+        outputs=[((n, options.top_n), "int64", options.rows), ((n, options.top_n), "float64", options.rows)],
+        block_rows=[options.rows, None, None], cost=TopItemsWork(items, rank, options.top_n))
+    return {"items": items_out, "ratings": ratings}
+
+
+def _als_values(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: arrays[name].astype(np.float64) for name in ("user_factors", "item_factors")}
+
+
 # algorithm -> how its published models score new rows
 SCORERS: dict[str, Scorer] = {
     "logreg": Scorer(("coef", "intercept"), _logreg_features, _logreg_program, _logreg_values),
@@ -183,6 +223,8 @@ SCORERS: dict[str, Scorer] = {
     "kmeans": Scorer(("centroids",), _kmeans_features, _kmeans_program, _kmeans_values),
     "pca": Scorer(("components", "mean"), _pca_features, _pca_program, _pca_values),
     "gmm": Scorer(("weights", "means", "covariances"), _gmm_features, _gmm_program, _gmm_values),
+    "als": Scorer(("user_factors", "item_factors"), _als_features, _als_program, _als_values,
+                  ids=lambda shapes: shapes["user_factors"][0]),
 }
 
 
@@ -209,7 +251,9 @@ def model_arrays(model: PublishedModel) -> tuple[Scorer, dict[str, ArrayInfo], i
 
 @dataclass(frozen=True)
 class PredictParams:
-    """No parameters: how to score comes from the model."""
+    """How to score comes from the model; of an ALS model, how many items each user gets."""
+
+    top_n: int = field(default=10, metadata={"check": lambda v: v >= 1, "expect": "an integer >= 1"})
 
 
 class Predict(Job):
@@ -224,22 +268,33 @@ class Predict(Job):
 
     @classmethod
     def check_shape(cls, name: str, shape: tuple[int, ...], models: Mapping[str, PublishedModel]) -> None:
-        if name != "X" or "model" not in models or len(shape) != 2:
+        if name != "X" or "model" not in models:
             return
         model = models["model"]
-        _, _, features = model_arrays(model)
+        scorer, _, features = model_arrays(model)
+        if scorer.ids is not None:
+            require(len(shape) == 1, f"inputs.X: {model.describe()} scores users: expected an (n,) vector of their "
+                                     f"ids, got shape {shape}")
+            return
+        if len(shape) != 2:
+            return
         require(shape[1] == features, f"inputs.X: {shape[1]:,} features (columns) but {model.describe()} "
                                       f"was fitted on {features:,}")
 
     def check_inputs(self) -> None:
         require("model" in self.models, "inputs.model: required input of predict is missing")
         X = self.arrays["X"]
-        require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
+        self.model = self.models["model"]
+        self.scorer, infos, self.features = model_arrays(self.model)
+        if self.scorer.ids is None:
+            require(X.ndim == 2, f"inputs.X: expected a 2-D array (rows × features), got shape {X.shape}")
         require(X.shape[0] > 0, f"inputs.X: expected at least one row, got shape {X.shape}")
         require_numeric(X)
-        self.model = self.models["model"]
         self.check_shape("X", X.shape, self.models)
-        self.scorer, infos, self.features = model_arrays(self.model)
+        if self.scorer.ids is not None:
+            items = infos["item_factors"].shape[0]
+            require(self.params.top_n <= items, f"params.top_n: {self.params.top_n:,} items a user, but "
+                                                f"{self.model.describe()} has {items:,} items")
         # read whole on the driver in "load" (and so priced there by the estimate)
         self.arrays.update({info.name: info for info in infos.values()})
 
@@ -249,14 +304,18 @@ class Predict(Job):
     def describe(self) -> str:
         X = self.arrays["X"]
         kind = ", sparse" if X.sparse is not None else ""
-        return (f"{self.title} with the {self.model.algorithm} model of run {self.model.run_id} "
-                f"on X {X.shape[0]:,} × {X.shape[1]:,}{kind}")
+        what = f"{X.shape[0]:,} user ids, top {self.params.top_n}" if self.scorer.ids is not None else \
+            f"{X.shape[0]:,} × {X.shape[1]:,}{kind}"
+        return f"{self.title} with the {self.model.algorithm} model of run {self.model.run_id} on X {what}"
 
     def stages(self, workers: int) -> StagePlan:
         """One pass over X computing every per-row output, which the workers write."""
-        X = la.from_input(self.arrays["X"])
-        program = self.scorer.program(X, self._model_shapes())
+        shapes = self._model_shapes()
+        ids = self.scorer.ids
+        check = Kernel("predict_user_ids", UserIds(ids(shapes))) if ids is not None else None
+        X = la.from_input(self.arrays["X"], check)
         rows = self.arrays["X"].chunks[0]
+        program = self.scorer.program(X, shapes, ScoreOptions(rows, self.params.top_n))
         writes = {name: Written(x.shape, (rows, *x.shape[1:]), x.dtype, self.arrays["X"]) for name, x in program.items()}
         return StagePlan((Pass("score", "score", program, writes=writes),))
 
@@ -275,16 +334,20 @@ class Predict(Job):
         return self.scorer.values(read)
 
     def run(self, ctx: JobContext) -> JobResult:
-        n, d = self.arrays["X"].shape
+        n, d = self.arrays["X"].shape[0], self.features
         plan = self.stages(ctx.session.options.cluster.workers)
         score = plan.pass_named("score")
+        # per-row outputs (8n bytes each) are written by the workers: X's blocks are loaded for
+        # the program that writes them (whose results are the writes' counts, not the outputs),
+        # as the estimate prices it
+        program = ctx.writing(score) if ctx.result is not None else plan["score"]
         with ctx.metrics.stage("load"):
             values = self._values(ctx)
-            ctx.session.load(plan["score"])
+            ctx.session.load(program)
         arrays: dict[str, np.ndarray] = {}
         with ctx.metrics.stage(score.stage):
-            if ctx.result is not None:  # per-row outputs (8n bytes each) are written by the workers
-                r = ctx.session.compute(ctx.writing(score), values)
+            if ctx.result is not None:
+                r = ctx.session.compute(program, values)
                 ctx.count_writes(score, r)
             else:
                 arrays = ctx.session.compute(plan["score"], values)
@@ -293,5 +356,7 @@ class Predict(Job):
                  "model_algorithm": model.algorithm, "outputs": list(score.writes)}
         if model.algorithm == "logreg":
             attrs["classes"] = _classes(self._model_shapes())
+        if self.scorer.ids is not None:
+            attrs["top_n"] = self.params.top_n
         summary = [f"scored {n:,} rows with {model.describe()}: {', '.join(score.writes)}"]
         return JobResult(arrays, attrs, summary)
