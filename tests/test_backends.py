@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zarr
 
+from arrayjob.io._local import MAP_BYTES
 from arrayjob.io.backend import StorageBackend, backend_for
 from arrayjob.io.locations import Location, StorageCounters, StorageOptions, parse_uri
 
@@ -130,6 +131,20 @@ class TestStorageBackend:
         with pytest.raises(FileNotFoundError):
             backend.read_tail("missing", 4)
 
+
+    def test_a_big_byte_range_is_a_read_only_view_of_exactly_its_bytes(self, backend):
+        # past MAP_BYTES a local range is the file's pages mapped (from a page boundary below
+        # ``start``), an S3 range the response's body: neither copied, both exactly the range
+        data = np.random.default_rng(0).integers(0, 256, 3 * MAP_BYTES, dtype=np.uint8).tobytes()
+        backend.write_bytes("big", data)
+        counters = StorageCounters()
+        start, stop = 12_345, 2 * MAP_BYTES + 6_789
+        view = backend.read_range("big", start, stop, counters)
+        assert isinstance(view, memoryview) and view.readonly
+        assert view == data[start:stop]
+        tail = backend.read_range("big", 2 * MAP_BYTES, 5 * MAP_BYTES, counters)  # ends with the object
+        assert tail == data[2 * MAP_BYTES:]
+        assert (counters.get_requests, counters.bytes_read) == (2, (stop - start) + MAP_BYTES)
     def test_read_only_store_refuses_writes(self, backend):
         zarr.create_array(store=backend.zarr_store(read_only=False), shape=(2,), chunks=(2,), dtype="int8")
         array = zarr.open_array(store=backend.zarr_store(read_only=True), mode="r")

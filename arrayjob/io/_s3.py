@@ -259,11 +259,12 @@ class S3Backend(StorageBackend):
         with _as_oserror(self._key(key)):
             return self._retry(lambda: bytes(obstore.get(self._store, self._key(key)).bytes()))
 
-    def _read_range(self, key: str, start: int, stop: int) -> bytes:
+    def _read_range(self, key: str, start: int, stop: int) -> memoryview:
         if stop <= start:
-            return b""
+            return memoryview(b"")
         with _as_oserror(self._key(key)):
-            return self._retry(lambda: bytes(obstore.get_range(self._store, self._key(key), start=start, end=stop)))
+            # the response's body as it came, not copied into a ``bytes``
+            return self._retry(lambda: memoryview(obstore.get_range(self._store, self._key(key), start=start, end=stop)))
 
     def _read_tail(self, key: str, length: int) -> tuple[bytes, int]:
         def get() -> tuple[bytes, int]:

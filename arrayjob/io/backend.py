@@ -161,8 +161,12 @@ class StorageBackend(ABC):
     # byte ranges of one object (a Parquet file's footer and column chunks), each one GET,
     # counted into ``counters`` as a Zarr store counts its own
 
-    def read_range(self, key: str, start: int, stop: int, counters: StorageCounters | None = None) -> bytes:
-        """Bytes [start, stop) of the object ``key`` (fewer if it ends first): one ranged GET."""
+    def read_range(self, key: str, start: int, stop: int, counters: StorageCounters | None = None) -> memoryview:
+        """Bytes [start, stop) of the object ``key`` (fewer if it ends first): one ranged GET.
+
+        A read-only view, not a copy: of the file's pages mapped (a big range on local disk) or
+        of the response's body (S3). The Parquet load decodes column chunks from it; copying
+        them into a ``bytes`` first cost as much as decoding them (``benchmarks/parquet.py``)."""
         data = self._read_range(key, start, stop)
         _count_get(counters, data)
         return data
@@ -175,7 +179,7 @@ class StorageBackend(ABC):
         return data, size
 
     @abstractmethod
-    def _read_range(self, key: str, start: int, stop: int) -> bytes: ...
+    def _read_range(self, key: str, start: int, stop: int) -> memoryview: ...
 
     @abstractmethod
     def _read_tail(self, key: str, length: int) -> tuple[bytes, int]: ...
@@ -203,10 +207,10 @@ class StorageBackend(ABC):
         here, or None where storage sets no limit."""
 
 
-def _count_get(counters: StorageCounters | None, data: bytes) -> None:
+def _count_get(counters: StorageCounters | None, data: bytes | memoryview) -> None:
     if counters is not None:
         counters.get_requests += 1
-        counters.bytes_read += len(data)
+        counters.bytes_read += data.nbytes if isinstance(data, memoryview) else len(data)
 
 
 def backend_for(location: Location, options: StorageOptions) -> StorageBackend:

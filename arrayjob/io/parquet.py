@@ -199,7 +199,7 @@ def _footer(name: str, backend: StorageBackend, key: str, where: Location, count
         length = struct.unpack("<I", tail[:4])[0]
         if length + 12 > size:
             raise refuse(f"its footer claims {length:,} bytes of a {size:,}-byte file")
-        footer = backend.read_range(key, size - length - 8, size - 8, counters) + tail
+        footer = bytes(backend.read_range(key, size - length - 8, size - 8, counters)) + tail
     except InputError:
         raise
     except FileNotFoundError:

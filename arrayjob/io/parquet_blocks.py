@@ -74,7 +74,7 @@ def _row_groups(info: ArrayInfo, rows: slice, cols: slice, names: list[str], opt
     layout = info.table
     assert layout is not None
     backend = backend_for(info.location, options)
-    fetched: dict[int, dict[int, bytes]] = {}
+    fetched: dict[int, dict[int, memoryview]] = {}
     for file, start, stop in layout.ranges(rows, cols):
         fetched.setdefault(file, {})[start] = _fetch(info, backend, file, start, stop, counters)
     for i in layout.groups(rows.start, rows.stop):
@@ -100,7 +100,7 @@ def _file(info: ArrayInfo, file: int) -> Location:
 
 
 def _fetch(info: ArrayInfo, backend: StorageBackend, file: int, start: int, stop: int,
-           counters: StorageCounters) -> bytes:
+           counters: StorageCounters) -> memoryview:
     assert info.table is not None
     try:
         return backend.read_range(info.table.files[file], start, stop, counters)
@@ -123,7 +123,7 @@ class _Fetched(io.RawIOBase):
     read outside them (pyarrow asks no more than the ranges the layout gives, except of files
     from parquet-mr before 1.2.9, which it pads) is fetched then, one GET, counted."""
 
-    def __init__(self, size: int, parts: dict[int, bytes], fetch: Any) -> None:
+    def __init__(self, size: int, parts: dict[int, memoryview], fetch: Any) -> None:
         super().__init__()
         self._size, self._parts, self._fetch, self._position = size, parts, fetch, 0
 
@@ -143,11 +143,11 @@ class _Fetched(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> Any:
         """Bytes ``size`` from the position: a view of the fetched bytes, not a copy (pyarrow
-        takes any buffer; slicing ``bytes`` would copy each column chunk once more)."""
+        takes any buffer; a copy of each column chunk would cost once more)."""
         start = self._position
         stop = self._size if size is None or size < 0 else min(self._size, start + size)
-        data = next((memoryview(part)[start - at:stop - at] for at, part in self._parts.items()
-                     if at <= start and stop <= at + len(part)), None)
+        data = next((part[start - at:stop - at] for at, part in self._parts.items()
+                     if at <= start and stop <= at + part.nbytes), None)
         if data is None:
             data = self._fetch(start, stop)
         self._position = start + len(data)
