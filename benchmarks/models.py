@@ -3,13 +3,13 @@ regression, PCA, Gaussian mixtures, ALS — and batch scoring (``predict``): arr
 scikit-learn (for ALS, which scikit-learn lacks: NumPy + SciPy, vectorised) on the same data in
 memory, time and result agreement side by side in one run.
 
-    .venv/bin/python benchmarks/models.py [--size large|quick|tiny] [--only multinomial,pca,...] [--repeat 3]
+    .venv/bin/python benchmarks/models.py [--size full|quick|tiny] [--only multinomial,pca,...] [--repeat 3]
                                           [--workdir DIR] [--json FILE] [--markdown FILE]
     make bench BENCH_SIZE=quick         # the same, after bench.py, outofcore.py and bench_sparse.py
 
 Data are written once by ``arrayjob datagen`` (the configs' own generators) into ``--workdir``
 (default .arrayjob/bench/models/SIZE; ``datagen.json`` says they are complete) and reused.
-Sizes: ``large`` (the issue's "a good part of this machine's memory": 4,000,000 rows, X of
+Sizes: ``full`` (the issue's "a good part of this machine's memory": 4,000,000 rows, X of
 1.0 GB for the logistic and linear rows, 2.0 GB for PCA (64 columns); ALS 1,000,000 users ×
 50,000 items, 40 ratings a user, 40 million ratings; with scikit-learn's copies and Spark's
 cache beside arrayjob's blocks that is several times X: run it on a quiet machine), ``quick``
@@ -82,7 +82,7 @@ class Size:
 
 
 SIZES = {
-    "large": Size(4_000_000, 250_000, 32, 64, 8, 1_000_000, 50_000, 40),
+    "full": Size(4_000_000, 250_000, 32, 64, 8, 1_000_000, 50_000, 40),
     "quick": Size(200_000, 25_000, 32, 64, 8, 50_000, 5_000, 20),
     "tiny": Size(2_000, 500, 8, 12, 4, 500, 100, 8),
 }
