@@ -4,7 +4,8 @@ written from CSR arrays read back unchanged, logistic regression on them to skle
 KMeans from given centroids to sklearn's centres, and the parameter mappings the benchmark
 documents (elastic net for logistic and linear regression, multinomial), PCA and a Gaussian
 mixture from a given start. Skipped when pyspark or Java >= 17 is missing (``make test`` does
-not need them). About 40 s on a quiet machine, most of it the JVM's start."""
+not need them). One JVM for both tests; 371 s under load 22-32 (the JVM's start 64 s of it),
+not yet timed on a quiet machine."""
 
 from __future__ import annotations
 
@@ -59,10 +60,11 @@ def test_sparse_vectors_from_csr_arrays(spark: Any, tmp_path: Path) -> None:
     assert len(list(parquet.glob("*.parquet"))) == 3
 
     df, _ = spark_peer.read_sparse(spark, parquet)
-    row = df.collect()[701]  # the second file's second row: its offsets were rebased
-    np.testing.assert_array_equal(row.features.indices, X[701].indices)
-    np.testing.assert_array_equal(row.features.values, X[701].data)
-    assert row.features.size == 300 and row.label == y[701]
+    rows = df.collect()  # in the order Spark packed the files, which is not theirs
+    assert {r.features.size for r in rows} == {300}
+    read_back = sorted((tuple(r.features.indices), tuple(r.features.values), r.label) for r in rows)
+    written = sorted((tuple(X[i].indices), tuple(X[i].data), y[i]) for i in range(N))
+    assert read_back == written  # every row, with the offsets of the second and third files rebased
 
     l2 = 1e-3
     result, arrays = fitted(spark, "sparse-logreg", parquet, l2=l2, max_iter=300, tol=1e-12)
@@ -126,5 +128,7 @@ def test_the_parameter_mappings_reach_scikit_learns_optima(spark: Any, tmp_path:
     ref = quiet(lambda: GaussianMixture(3, tol=0, max_iter=5, reg_covar=0, means_init=means,
                                         weights_init=np.full(3, 1 / 3),
                                         precisions_init=np.repeat(np.linalg.inv(covariance)[None], 3, 0)).fit(X))
-    np.testing.assert_allclose(arrays["means"], ref.means_, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(arrays["weights"], ref.weights_, rtol=1e-7)
+    # mllib's Gaussian densities go through an eigendecomposition of each covariance: agreement
+    # to about 1e-6 of the data's scale, not to rounding
+    np.testing.assert_allclose(arrays["means"], ref.means_, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(arrays["weights"], ref.weights_, rtol=1e-5)
