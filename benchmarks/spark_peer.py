@@ -135,6 +135,8 @@ def write_sparse_parquet(X: Any, y: Any, where: Path, rows_per_file: int) -> Pat
     want = {"shape": list(X.shape), "nnz": int(X.nnz), "rows_per_file": rows_per_file, "sparse": True}
     if _written(where, want):
         return where
+    if not X.has_sorted_indices:  # Spark's SparseVector wants each row's indices increasing
+        X = X.sorted_indices()
     n, d = X.shape
     for i, start in enumerate(range(0, n, rows_per_file)):
         stop = min(n, start + rows_per_file)
