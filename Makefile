@@ -86,13 +86,12 @@ deploy-examples: $(VENV)/.installed-test
 	$(BIN)/python deploy/examples.py
 
 # arrayjob against its peers (Spark MLlib among them: bench-java below) and the machine's limits,
-# then jobs bigger than the object store, then sparse X against scikit-learn, then issue 26's models
-# against scikit-learn, then Parquet loads against pyarrow, then the learning estimate (each shipped
-# config four times on small data, whatever BENCH_SIZE; docs/benchmarks.md). bench.py's full size
-# takes about 10 minutes on 2 cores (the sparse rows' full size is not timed yet); `make bench
-# BENCH_SIZE=quick` a few. models.py has no full size yet: it runs quick for full.
+# then jobs bigger than the object store, then sparse X against scikit-learn and Spark, then issue
+# 26's models against scikit-learn and Spark, then Parquet loads against pyarrow, then the learning
+# estimate (each shipped config four times on small data, whatever BENCH_SIZE; docs/benchmarks.md).
+# bench.py's full size takes about 10 minutes on 2 cores (the sparse rows' full size is not timed
+# yet); `make bench BENCH_SIZE=quick` a few. models.py's full size (4M rows) wants a quiet machine.
 BENCH_SIZE ?= full
-MODELS_SIZE = $(if $(filter full,$(BENCH_SIZE)),quick,$(BENCH_SIZE))
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench bench-java
 	$(BIN)/python benchmarks/bench.py --size $(BENCH_SIZE) --json .arrayjob/bench/bench-$(BENCH_SIZE).json \
@@ -101,8 +100,8 @@ bench: $(VENV)/.installed-bench bench-java
 		--markdown .arrayjob/bench/outofcore-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/bench_sparse.py --size $(BENCH_SIZE) --json .arrayjob/bench/sparse-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/sparse-$(BENCH_SIZE).md
-	$(BIN)/python benchmarks/models.py --size $(MODELS_SIZE) --json .arrayjob/bench/models-$(MODELS_SIZE).json \
-		--markdown .arrayjob/bench/models-$(MODELS_SIZE).md
+	$(BIN)/python benchmarks/models.py --size $(BENCH_SIZE) --json .arrayjob/bench/models-$(BENCH_SIZE).json \
+		--markdown .arrayjob/bench/models-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/parquet.py --size $(BENCH_SIZE) --json .arrayjob/bench/parquet-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/parquet-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/estimate_learning.py --size quick --json .arrayjob/bench/estimate-learning.json \

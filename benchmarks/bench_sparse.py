@@ -47,7 +47,17 @@ before it):
   not a task's heap; a densified block would not fit in memory at these widths (n × 2²⁰ × 8
   bytes), so a run that finishes made none.
 
-Spark MLlib, the issue's third system for logreg, is another issue's work: no column for it.
+*Spark MLlib* (issue 28), the issue's third system, for both rows (benchmarks/bench_spark_models.py
+beside benchmarks/spark_models.py, a process of its own with spark_peer.py's session): the same
+CSR written as Parquet whose ``features`` column is Spark's SparseVector struct, built from the
+CSR arrays (no row densified), read back as SparseVectors, cached and counted. logreg:
+``LogisticRegression(regParam = l2, standardization = False)``, the same objective, L-BFGS for
+the same iterations (``tol = 0``); seconds = fit / its passes (Spark jobs); its coefficients set
+beside arrayjob's after the same iterations, its objective beside the objective at its
+coefficients computed here. KMeans: mllib ``KMeans`` (what ``ml.KMeans`` runs; the DataFrame API
+takes no start) from the same initial centroids, ``epsilon = 0``; fit / iterations; centroids
+compared. Median of ``--repeat`` fits after a warm-up in one session. Not at the tiny size (the
+test suite starts no JVM) nor without pyspark and Java >= 17: the row says why.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import bench_spark_models  # noqa: E402
 from bench_harness import (  # noqa: E402
     Row,
     Timing,
@@ -424,6 +435,7 @@ def logreg(work: Path, size: dict[str, Any], table: Table, repeat: int) -> None:
                 f"(relative difference {abs(loss - objective) / abs(objective):.1e})")
     table.add(Row(workload, label, "scikit-learn", unit, load_s, t.median, compute_runs=t.runs, note=how,
                   extra={"loss_at_arrayjob_coef": loss}))
+    table.add(bench_spark_models.sparse_logreg(data, table.args.size, label, unit, X, y, L2, iters, report, repeat))
 
 
 def kmeans(work: Path, size: dict[str, Any], table: Table, repeat: int) -> None:
@@ -454,6 +466,7 @@ def kmeans(work: Path, size: dict[str, Any], table: Table, repeat: int) -> None:
                  f"to {diff:.1e}, inertia {fit.inertia_:.10g} (arrayjob's {report['result']['inertia']:.10g})")
     table.add(Row(workload, label, "scikit-learn", unit, load_s, t.median, compute_runs=t.runs, note=note,
                   extra={"n_iter": int(fit.n_iter_), "inertia": float(fit.inertia_)}))
+    table.add(bench_spark_models.sparse_kmeans(data, table.args.size, label, unit, X, C0, iters, report, repeat))
 
 
 WORKLOADS = {"logreg": logreg, "kmeans": kmeans}

@@ -3,15 +3,18 @@ regression, PCA, Gaussian mixtures, ALS — and batch scoring (``predict``): arr
 scikit-learn (for ALS, which scikit-learn lacks: NumPy + SciPy, vectorised) on the same data in
 memory, time and result agreement side by side in one run.
 
-    .venv/bin/python benchmarks/models.py [--size quick|tiny] [--only multinomial,pca,...] [--repeat 3]
+    .venv/bin/python benchmarks/models.py [--size full|quick|tiny] [--only multinomial,pca,...] [--repeat 3]
                                           [--workdir DIR] [--json FILE] [--markdown FILE]
     make bench BENCH_SIZE=quick         # the same, after bench.py, outofcore.py and bench_sparse.py
 
 Data are written once by ``arrayjob datagen`` (the configs' own generators) into ``--workdir``
 (default .arrayjob/bench/models/SIZE; ``datagen.json`` says they are complete) and reused.
-Sizes: ``quick`` (200,000 rows; ALS 50,000 users × 5,000 items, 20 ratings a user) and
-``tiny`` (2,000 rows: tests/test_bench_models.py runs it). A size that fills a good part of
-this machine's memory, as the issue asks, is not defined yet.
+Sizes: ``full`` (the issue's "a good part of this machine's memory": 4,000,000 rows, X of
+1.0 GB for the logistic and linear rows, 2.0 GB for PCA (64 columns); ALS 1,000,000 users ×
+50,000 items, 40 ratings a user, 40 million ratings; with scikit-learn's copies and Spark's
+cache beside arrayjob's blocks that is several times X: run it on a quiet machine), ``quick``
+(200,000 rows; ALS 50,000 users × 5,000 items, 20 ratings a user) and ``tiny`` (2,000 rows:
+tests/test_bench_models.py runs it).
 
 *arrayjob*: one ``arrayjob run`` of each model's spec, in this process, on one local Ray this
 benchmark starts once (as the runner reuses an initialised Ray: the ``connect`` stage is then
@@ -21,9 +24,15 @@ workers). *scikit-learn*: the same fit on the arrays read with zarr into memory 
 read), the median of ``--repeat`` runs after a warm-up, threads as it chooses. The note of
 each peer row says how its result agrees with arrayjob's published one.
 
-*Spark MLlib*: a row per workload is left for it (``SPARK_MLLIB`` names the estimator that
-would fill it); benchmarks/spark_peer.py (issue 28, another branch) measures Spark, and fills
-these rows when it gains the models. Until then they say "not measured".
+*Spark MLlib* (issue 28): a row per workload, by benchmarks/bench_spark_models.py (the rows and
+the comparisons) and benchmarks/spark_models.py (Spark's fits, a process of its own, with
+spark_peer.py's session): the same arrays as Parquet, cached and counted, then
+LogisticRegression (multinomial; elastic net by OWL-QN), LinearRegression (elastic net),
+ml.feature.PCA, mllib GaussianMixture from the same start and ml ALS (its own start: objective
+and RMSE compared), the median of ``--repeat`` fits after a warm-up in one session; the note
+says how its result agrees with arrayjob's and which parameters it was given. Not at the tiny
+size (the test suite starts no JVM) nor without pyspark and Java >= 17: the row says why.
+Scoring (predict) has no Spark column.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import bench_spark_models  # noqa: E402
 from bench_harness import (  # noqa: E402
     Row,
     Timing,
@@ -72,23 +82,13 @@ class Size:
 
 
 SIZES = {
+    "full": Size(4_000_000, 250_000, 32, 64, 8, 1_000_000, 50_000, 40),
     "quick": Size(200_000, 25_000, 32, 64, 8, 50_000, 5_000, 20),
     "tiny": Size(2_000, 500, 8, 12, 4, 500, 100, 8),
 }
 CLASSES, L2 = 4, 1e-4  # multinomial logreg
 L1_EN, L2_EN = 1e-3, 1e-3  # the elastic-net rows
 PCA_K, GMM_K, GMM_ITER, ALS_RANK, ALS_ITER, ALS_L2 = 8, 4, 10, 8, 5, 0.1
-SPARK_MLLIB = {  # workload -> the MLlib estimator a Spark peer row times
-    "multinomial logreg": "LogisticRegression(family='multinomial')",
-    "elastic-net logreg": "LogisticRegression(elasticNetParam=0.5)",
-    "elastic-net linreg": "LinearRegression(elasticNetParam=0.5)",
-    "PCA": "PCA (RowMatrix.computePrincipalComponents)",
-    "GMM": "GaussianMixture",
-    "ALS": "ALS",
-    "predict": "LogisticRegressionModel.transform",
-}
-
-
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -192,11 +192,6 @@ class Case:
         self.rows.append(Row(self.workload, self.size, system, self.unit, load_s, float(t.median) if t else None,
                              compute_runs=[float(r) for r in t.runs] if t else [], note=note, extra=extra))
 
-    def spark(self) -> None:
-        self.rows.append(Row(self.workload, self.size, "Spark MLlib", self.unit,
-                             note=f"not measured: {SPARK_MLLIB[self.workload]}, by benchmarks/spark_peer.py "
-                                  "(issue 28) when it has the model"))
-
 
 def loaded(*paths: Path) -> tuple[list[np.ndarray], float]:
     start = time.perf_counter()
@@ -243,6 +238,7 @@ def multinomial(work: Path, s: Size, case: Case, repeat: int, state: dict[str, A
                  f"({report['result']['iterations']} iterations)")
     case.peer("scikit-learn", load_s, per, note, n_iter=int(ref.n_iter_[0]), fit_seconds=t.median)
     state["multinomial_sklearn"] = (X, ref)
+    state.setdefault("spark", {})["multinomial"] = {"X": X, "y": y, "report": report, "l2": L2, "tol": 1e-6}
 
 
 def elastic_logreg(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> None:
@@ -266,6 +262,8 @@ def elastic_logreg(work: Path, s: Size, case: Case, repeat: int, state: dict[str
         zeros = int((coef == 0).sum()), int((ref.coef_ == 0).sum())
         note += f"; coef agrees to {agreement(coef, ref.coef_[0]):.1e}, exact zeros {zeros[0]} (sklearn {zeros[1]})"
     case.peer("scikit-learn", load_s, t, note, n_iter=int(ref.n_iter_[0]))
+    state.setdefault("spark", {})["elastic-logreg"] = {
+        "X": X, "y": y, "report": report, "l1": L1_EN, "l2": L2_EN, "tol": 1e-8}
 
 
 def elastic_linreg(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> None:
@@ -285,6 +283,8 @@ def elastic_linreg(work: Path, s: Size, case: Case, repeat: int, state: dict[str
     if "error" not in report:
         note += f"; coef agrees to {agreement(report['arrays']['coef'], ref.coef_):.1e}"
     case.peer("scikit-learn", load_s, t, note, n_iter=int(ref.n_iter_))
+    state.setdefault("spark", {})["elastic-linreg"] = {
+        "X": X, "y": y, "report": report, "l1": L1_EN, "l2": L2_EN, "tol": 1e-10}
 
 
 def pca(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> None:
@@ -304,6 +304,7 @@ def pca(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> 
         cosines = np.abs(np.einsum("ij,ij->i", report["arrays"]["components"], ref.components_))
         note += f"; explained variance agrees to {variance:.1e}, components to 1 − {abs(1 - cosines.min()):.1e} (|cos|)"
     case.peer("scikit-learn", load_s, t, note)
+    state.setdefault("spark", {})["pca"] = {"X": X, "report": report, "k": PCA_K}
 
 
 def gmm(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> None:
@@ -331,6 +332,8 @@ def gmm(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> 
         note += (f"; means agree to {agreement(report['arrays']['means'], ref.means_):.1e}, lower bound "
                  f"{ref.lower_bound_:.10g} (arrayjob's {report['result']['lower_bound']:.10g})")
     case.peer("scikit-learn", load_s, per, note, n_iter=int(ref.n_iter_))
+    state.setdefault("spark", {})["gmm"] = {
+        "X": X, "report": report, "means": means, "max_iter": GMM_ITER, "data": data}
 
 
 def als_numpy(R: Any, Y: np.ndarray, l2: float, iterations: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -393,6 +396,8 @@ def als(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> 
         note += (f" (arrayjob's {ours:.10g}); user factors agree to "
                  f"{agreement(report['arrays']['user_factors'], X):.1e}")
     case.peer("NumPy + SciPy (no scikit-learn ALS)", load_s, per, note)
+    state.setdefault("spark", {})["als"] = {
+        "R": R, "report": report, "rank": ALS_RANK, "l2": ALS_L2, "max_iter": ALS_ITER}
 
 
 def predict(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any]) -> None:
@@ -478,7 +483,8 @@ def main() -> int:
             case = Case(workload, describe(name, size), unit, [])
             log(f"{workload}: {case.size}")
             measure(work, size, case, args.repeat, state)
-            case.spark()
+            case.rows.append(bench_spark_models.model_row(name, workload, case.size, unit, work, args.size,
+                                                          args.repeat, state))
             for row in case.rows:
                 row.extra.setdefault("load_average", os.getloadavg()[0])
                 log(f"{workload}: {row.system}: " + (f"{row.compute_s:.4g} s {unit}" if row.compute_s else row.note))

@@ -84,27 +84,92 @@ def driver_memory(data_bytes: int) -> str:
 # -- the data --------------------------------------------------------------------------------
 
 
+def _written(where: Path, want: dict[str, Any]) -> bool:
+    """True when ``where`` already holds these files (its marker says so); else empties it."""
+    marker = where / "_written.json"
+    if marker.exists() and json.loads(marker.read_text()) == want:
+        return True
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    return False
+
+
+def _mark(where: Path, want: dict[str, Any]) -> Path:
+    (where / "_written.json").write_text(json.dumps(want))
+    return where
+
+
 def write_parquet(X: Any, y: Any, where: Path, rows_per_file: int) -> Path:
-    """X's columns (x0 … x{d-1}) and y (``label``) as Parquet files of ``rows_per_file`` rows,
-    float64, from any arrays that slice (zarr arrays: one file's rows read at a time)."""
+    """X's columns (x0 … x{d-1}) and y (``label``; none when y is None) as Parquet files of
+    ``rows_per_file`` rows, float64, from any arrays that slice (zarr arrays: one file's rows read
+    at a time)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    marker = where / "_written.json"
-    want = {"shape": list(X.shape), "rows_per_file": rows_per_file}
-    if marker.exists() and json.loads(marker.read_text()) == want:
+    want = {"shape": list(X.shape), "rows_per_file": rows_per_file, "label": y is not None}
+    if _written(where, want):
         return where
-    shutil.rmtree(where, ignore_errors=True)
-    where.mkdir(parents=True)
     n, d = X.shape
     for i, start in enumerate(range(0, n, rows_per_file)):
         block = np.asarray(X[start:start + rows_per_file], dtype=np.float64)
-        labels = np.asarray(y[start:start + rows_per_file], dtype=np.float64).reshape(-1)
-        columns = [pa.array(block[:, j]) for j in range(d)] + [pa.array(labels)]
-        table = pa.Table.from_arrays(columns, names=[f"x{j}" for j in range(d)] + [LABEL])
+        columns = [pa.array(block[:, j]) for j in range(d)]
+        names = [f"x{j}" for j in range(d)]
+        if y is not None:
+            columns.append(pa.array(np.asarray(y[start:start + rows_per_file], dtype=np.float64).reshape(-1)))
+            names.append(LABEL)
+        pq.write_table(pa.Table.from_arrays(columns, names=names), where / f"part-{i:05d}.parquet",
+                       compression="snappy")
+    return _mark(where, want)
+
+
+def write_sparse_parquet(X: Any, y: Any, where: Path, rows_per_file: int) -> Path:
+    """A CSR matrix (``scipy.sparse.csr_matrix``) and y as Parquet whose ``features`` column is
+    already Spark's sparse vector: Spark stores a VectorUDT as the struct (type: int8 = 0 for
+    sparse, size: int32, indices: list<int32>, values: list<float64>), so each file's struct is
+    built from the CSR arrays themselves (indptr, rebased to the file's first row, is the offsets
+    of both lists; no row is densified or visited in Python) and ``read_sparse`` reads it back as
+    SparseVectors by naming VectorUDT in the schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    want = {"shape": list(X.shape), "nnz": int(X.nnz), "rows_per_file": rows_per_file, "sparse": True}
+    if _written(where, want):
+        return where
+    if not X.has_sorted_indices:  # Spark's SparseVector wants each row's indices increasing
+        X = X.sorted_indices()
+    n, d = X.shape
+    for i, start in enumerate(range(0, n, rows_per_file)):
+        stop = min(n, start + rows_per_file)
+        lo, hi = int(X.indptr[start]), int(X.indptr[stop])
+        offsets = pa.array((X.indptr[start:stop + 1] - lo).astype(np.int32))
+        features = pa.StructArray.from_arrays(
+            [pa.array(np.zeros(stop - start, np.int8)), pa.array(np.full(stop - start, d, np.int32)),
+             pa.ListArray.from_arrays(offsets, pa.array(X.indices[lo:hi].astype(np.int32, copy=False))),
+             pa.ListArray.from_arrays(offsets, pa.array(X.data[lo:hi].astype(np.float64, copy=False)))],
+            names=["type", "size", "indices", "values"])
+        labels = pa.array(np.asarray(y[start:stop], dtype=np.float64).reshape(-1))
+        pq.write_table(pa.table({FEATURES: features, LABEL: labels}), where / f"part-{i:05d}.parquet",
+                       compression="snappy")
+    return _mark(where, want)
+
+
+def write_ratings_parquet(R: Any, where: Path, rows_per_file: int) -> Path:
+    """A ratings matrix (CSR, users × items) as the (user, item, rating) table MLlib's ALS reads:
+    users from indptr, items from indices, ratings from data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    want = {"shape": list(R.shape), "nnz": int(R.nnz), "rows_per_file": rows_per_file, "ratings": True}
+    if _written(where, want):
+        return where
+    for i, start in enumerate(range(0, R.shape[0], rows_per_file)):
+        stop = min(R.shape[0], start + rows_per_file)
+        lo, hi = int(R.indptr[start]), int(R.indptr[stop])
+        users = np.repeat(np.arange(start, stop, dtype=np.int32), np.diff(R.indptr[start:stop + 1]))
+        table = pa.table({"user": users, "item": R.indices[lo:hi].astype(np.int32, copy=False),
+                          "rating": R.data[lo:hi].astype(np.float64, copy=False)})
         pq.write_table(table, where / f"part-{i:05d}.parquet", compression="snappy")
-    marker.write_text(json.dumps(want))
-    return where
+    return _mark(where, want)
 
 
 # -- the session -----------------------------------------------------------------------------
@@ -138,13 +203,30 @@ def native_blas(spark: Any) -> str:
 
 
 def read(spark: Any, parquet: Path, partitions: int | None = None) -> tuple[Any, float]:
-    """Parquet → one vector column → cached → counted; the DataFrame and the seconds it took."""
+    """Parquet → one vector column → cached → counted; the DataFrame and the seconds it took.
+    Without a label column (PCA, mixtures) the DataFrame is the vectors alone."""
     from pyspark.ml.feature import VectorAssembler
 
     start = time.perf_counter()
     raw = spark.read.parquet(str(parquet))
     columns = [c for c in raw.columns if c != LABEL]
-    df = VectorAssembler(inputCols=columns, outputCol=FEATURES).transform(raw).select(FEATURES, LABEL)
+    df = VectorAssembler(inputCols=columns, outputCol=FEATURES).transform(raw)
+    df = df.select(FEATURES, LABEL) if LABEL in raw.columns else df.select(FEATURES)
+    return cached(df, start, partitions)
+
+
+def read_sparse(spark: Any, parquet: Path, partitions: int | None = None) -> tuple[Any, float]:
+    """``write_sparse_parquet``'s files as (SparseVector, label) rows, cached and counted."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    start = time.perf_counter()
+    schema = StructType([StructField(FEATURES, VectorUDT()), StructField(LABEL, DoubleType())])
+    return cached(spark.read.schema(schema).parquet(str(parquet)), start, partitions)
+
+
+def cached(df: Any, start: float, partitions: int | None = None) -> tuple[Any, float]:
+    """``df`` (repartitioned if asked) cached and counted; the seconds since ``start``."""
     if partitions:
         df = df.repartition(partitions)
     df = df.cache()
@@ -167,7 +249,7 @@ class Passes:
         self.sc.setLocalProperty("spark.jobGroup.id", None)
 
 
-def _fit(spark: Any, estimator: Any, df: Any, name: str) -> tuple[Any, float, int]:
+def fit(spark: Any, estimator: Any, df: Any, name: str) -> tuple[Any, float, int]:
     with Passes(spark, name) as passes:
         start = time.perf_counter()
         model = estimator.fit(df)
@@ -184,7 +266,7 @@ def logreg(spark: Any, df: Any, l2: float, max_iter: int, tol: float, run: int =
     estimator = LogisticRegression(featuresCol=FEATURES, labelCol=LABEL, family="binomial", regParam=l2,
                                    elasticNetParam=0.0, standardization=False, fitIntercept=True, maxIter=max_iter,
                                    tol=tol)
-    model, seconds, passes = _fit(spark, estimator, df, f"logreg-{run}")
+    model, seconds, passes = fit(spark, estimator, df, f"logreg-{run}")
     summary = model.summary
     return {"seconds": seconds, "passes": passes, "iterations": int(summary.totalIterations),
             "objective": float(summary.objectiveHistory[-1]), "coef": model.coefficients.toArray().tolist(),
@@ -198,7 +280,7 @@ def linreg(spark: Any, df: Any, run: int = 0) -> dict[str, Any]:
 
     estimator = LinearRegression(featuresCol=FEATURES, labelCol=LABEL, solver="normal", regParam=0.0,
                                  standardization=False, fitIntercept=True)
-    model, seconds, passes = _fit(spark, estimator, df, f"linreg-{run}")
+    model, seconds, passes = fit(spark, estimator, df, f"linreg-{run}")
     return {"seconds": seconds, "passes": passes, "coef": model.coefficients.toArray().tolist(),
             "intercept": float(model.intercept)}
 
@@ -212,14 +294,14 @@ def _kmeans(k: int, max_iter: int, seed: int) -> Any:
 def kmeans_start(spark: Any, df: Any, k: int, seed: int) -> tuple[np.ndarray, float]:
     """The centres MLlib starts from (a ``maxIter = 0`` fit: its random init, seeded), and its
     seconds. pyspark's KMeans takes no initial model, so arrayjob is given these (``init``)."""
-    model, seconds, _ = _fit(spark, _kmeans(k, 0, seed), df, "kmeans-start")
+    model, seconds, _ = fit(spark, _kmeans(k, 0, seed), df, "kmeans-start")
     return np.array([c for c in model.clusterCenters()]), seconds
 
 
 def kmeans(spark: Any, df: Any, k: int, max_iter: int, seed: int, run: int = 0) -> dict[str, Any]:
     """Lloyd from ``kmeans_start``'s centres (same seed), ``tol = 0``: all ``max_iter`` iterations
     unless a fixed point comes first."""
-    model, seconds, passes = _fit(spark, _kmeans(k, max_iter, seed), df, f"kmeans-{run}")
+    model, seconds, passes = fit(spark, _kmeans(k, max_iter, seed), df, f"kmeans-{run}")
     summary = model.summary
     return {"seconds": seconds, "passes": passes, "iterations": int(summary.numIter),
             "training_cost": float(summary.trainingCost), "centres": [c.tolist() for c in model.clusterCenters()]}

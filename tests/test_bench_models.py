@@ -1,7 +1,7 @@
 """benchmarks/models.py end to end at its tiny size (2,000 rows): the data made by arrayjob
 datagen, every model's ``arrayjob run`` on the one Ray the benchmark starts, scikit-learn (ALS:
-NumPy) beside each, an empty Spark MLlib row left per workload, and every row in the JSON and
-Markdown it writes. About 30 s on a quiet machine (one Ray start)."""
+NumPy) beside each, a Spark MLlib row per workload that says it was skipped (no JVM at the tiny
+size), and every row in the JSON and Markdown it writes. About 30 s on a quiet machine (one Ray start)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_models_benchmark_runs_at_tiny_size(tmp_path: Path) -> None:
             assert row["compute_s"] > 0 and not row["note"].startswith("failed"), row
         assert aj["ratio_best_peer"] == pytest.approx(aj["compute_s"] / ref["compute_s"])
         assert aj["target"] == "faster than every peer" and aj["target_met"] in (True, False)
-        assert spark["compute_s"] is None and "benchmarks/spark_peer.py" in spark["note"]  # the column left open
+        assert spark["compute_s"] is None and ("tiny size" in spark["note"] or workload == "predict"), spark
 
     # each peer's result agrees with the one arrayjob published
     note = {w: rows[(w, p)]["note"] for w, p in WORKLOADS.items()}

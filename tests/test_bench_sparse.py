@@ -1,6 +1,7 @@
 """benchmarks/bench_sparse.py end to end at its tiny size (5,000 rows): the data made by arrayjob
-datagen, two ``arrayjob run`` processes each with its own Ray, scikit-learn beside them, and
-every row in the JSON and Markdown it writes. About 25 s on a quiet machine (two Ray starts)."""
+datagen, two ``arrayjob run`` processes each with its own Ray, scikit-learn beside them, a
+Spark MLlib row each that says it was skipped (no JVM at the tiny size), and every row in the
+JSON and Markdown it writes. About 25 s on a quiet machine (two Ray starts)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ def test_the_sparse_benchmark_runs_at_tiny_size(tmp_path: Path) -> None:
     doc = run_tiny_benchmark("bench_sparse.py", tmp_path, timeout=340)
     assert doc["complete"] is True
     rows = {(r["workload"], r["system"]): r for r in doc["rows"]}
-    assert sorted(rows) == sorted((w, s) for w in ("sparse logreg loss+grad", "sparse KMeans") for s in SYSTEMS)
+    workloads = ("sparse logreg loss+grad", "sparse KMeans")
+    assert sorted(rows) == sorted((w, s) for w in workloads for s in [*SYSTEMS, "Spark MLlib"])
+    for workload in workloads:
+        spark = rows.pop((workload, "Spark MLlib"))
+        assert spark["compute_s"] is None and "skipped at tiny size" in spark["note"], spark
     for row in rows.values():
         assert row["compute_s"] > 0 and not row["note"].startswith("failed"), row
         assert row["limit_s"] == rows[(row["workload"], SYSTEMS[1])]["compute_s"]
