@@ -10,7 +10,7 @@ a fresh directory: the first run has none), from the checkout (so the profile is
 ``arrayjob calibrate`` saved there, if any). Each run's estimate is the one it made before
 it started, from the runs before it (``costing.history``); its error is report.json's
 ``estimate_error.wall_seconds``, (actual − estimate) / estimate. Target: within ±25 % from
-the fourth run on. ``predict`` scores with the logreg demo's model, so logreg runs first.
+the fourth run on. ``predict`` and ``predict_als`` score with the logreg and ALS demos' models, so those run first.
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ QUICK = {
     "pagerank": "--rows 3000 --edges 30000 --chunk-rows 7000",
     "pca": "--rows 20000 --cols 10 --chunk-rows 2500 --rank 8",
     "als": "--rows 3000 --cols 300 --chunk-rows 500 --nnz-per-row 10",
+    "als_table": "--rows 3000 --cols 300 --chunk-rows 500 --nnz-per-row 10 --format parquet",
 }
-ALGORITHM = {"logreg_multinomial": "logreg"}
+ALGORITHM = {"logreg_multinomial": "logreg", "als_table": "als"}
+MODEL_OF = {"predict": "logreg", "predict_als": "als"}  # configs that score another config's published model
 
 
 def uptime() -> str:
@@ -53,7 +55,7 @@ def uptime() -> str:
 
 def datagen_args(config: str, size: str) -> list[str] | None:
     """The demo data's datagen arguments; None for a config that reads another's output."""
-    if config == "predict":
+    if config in MODEL_OF:
         return None
     if size == "quick":
         return shlex.split(QUICK[config])
@@ -119,8 +121,9 @@ def main() -> int:
     configs = sorted(p.stem for p in (REPO / "configs").glob("*.toml"))
     if args.only:
         configs = [c for c in configs if c in args.only.split(",")]
-    if "predict" in configs and "logreg" not in configs:
-        configs.insert(0, "logreg")  # its model
+    for config, model in MODEL_OF.items():
+        if config in configs and model not in configs:
+            configs.insert(0, model)  # its model, fitted first
     root = Path(tempfile.mkdtemp(prefix="arrayjob-learning-"))
     env = {**os.environ, "ARRAYJOB_BUCKET": str(root / "bucket"), "ARRAYJOB_HISTORY": str(root / "history")}
     print(f"# commit {commit()}; size {args.size}; {machine_line()}; uptime: {uptime()}",
