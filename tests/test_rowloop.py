@@ -82,6 +82,20 @@ def test_logistic_loss_and_gradient_is_one_loop():
     _check(_logistic(), _data())
 
 
+@pytest.mark.parametrize("fn", ["max", "min"])
+def test_the_largest_label_beside_the_loss_keeps_the_loop(fn):
+    """logreg asks for y.max() in the same pass when K is to be found: the loop keeps it as an
+    accumulator (NaN wins, as in NumPy) instead of giving the block back to the pieces."""
+    y = la.value("y", (N,))
+    extreme = getattr(y, fn)()
+    data = _data()
+    _check([*_logistic(), extreme], data)
+    data["y"][N // 2] = np.nan
+    _check([*_logistic(), extreme], data)
+    loop = _loop([*_logistic(), extreme], data)
+    assert "_" + rowloop.EXTREMES[fn] in _calls(_row_loop(loop.tree()))
+
+
 @pytest.mark.parametrize("shift", [0.0, 1.5])
 def test_logaddexp_and_sigmoid_of_the_same_value_share_one_exp(shift):
     data = _data() | {"s": np.float64(shift)}

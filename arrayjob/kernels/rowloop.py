@@ -75,6 +75,10 @@ SCALAR: dict[str, Callable[..., ast.expr]] = {
     "less_equal": _compare(ast.LtE), "equal": _compare(ast.Eq), "not_equal": _compare(ast.NotEq),
     "where": lambda condition, a, b: ast.IfExp(condition, a, b),
 }
+# Reductions over the rows other than sums: reduction -> its elementwise step, and where the
+# accumulator starts (max and min of no rows are NumPy errors; a block has rows).
+EXTREMES = {"max": "maximum", "min": "minimum"}
+START = {"scalar": 0.0, "max": -math.inf, "min": math.inf}
 MATRIX, ROW, PRE, ACC, POST = "matrix", "row", "pre", "acc", "post"
 FLOAT = "float64"
 
@@ -183,7 +187,7 @@ class _RowLoop:
             if self.role[s] == ROW and self.dtypes[s] not in ("float64", "float32", "int64", "int32", "bool"):
                 raise _Unfit
         self.body: list[ast.stmt] = []  # the loop body: per row, a statement or two per step
-        self.accumulators: list[tuple[int, str]] = []  # (slot, "scalar" | "vector")
+        self.accumulators: list[tuple[int, str]] = []  # (slot, "scalar" | "vector" | "max" | "min")
         self.steps_pre: list[int] = []
         self.steps_post: list[int] = []
         for i, step in enumerate(self.kernel.steps):
@@ -262,6 +266,12 @@ class _RowLoop:
                 self.body.append(self.layout.over_row(_add_to(t_c, product)))
             else:
                 raise _Unfit
+        elif isinstance(attrs, Reduce) and attrs.fn in EXTREMES and roles == [ROW] and step.dtype == FLOAT \
+                and self.dtypes[step.inputs[0]] == FLOAT and self.shapes[slot] == ():
+            # the largest (smallest) over the rows, NaN first as in NumPy: logreg's largest label
+            self.role[slot] = ACC
+            self.accumulators.append((slot, attrs.fn))
+            self.body.append(_assign(target, SCALAR[EXTREMES[attrs.fn]](_load(target), self._value(step.inputs[0]))))
         elif isinstance(attrs, Reduce) and attrs.fn == "sum" and roles == [ROW] and step.dtype == FLOAT:
             source = step.inputs[0]
             if self.shapes[slot] == ():
@@ -282,7 +292,7 @@ class _RowLoop:
         CSR block): one ``for`` over the rows, returning the accumulators."""
         params = [*self.layout.params, *(f"a{s}" for s in self.rows), *(f"p{s}" for s in self.pres)]
         shape = self.layout.header()
-        zeros = [_assign(f"t{s}", ast.Constant(0.0) if kind == "scalar" else _call("np.zeros", _load("d")))
+        zeros = [_assign(f"t{s}", _call("np.zeros", _load("d")) if kind == "vector" else _start(START[kind]))
                  for s, kind in self.accumulators]
         rows = ast.For(_store(ROW_INDEX), _call("range", _load("n")), self.body, [])
         result = ast.Return(ast.Tuple([_load(f"t{s}") for s, _ in self.accumulators], ast.Load()))
@@ -320,6 +330,14 @@ class _RowLoop:
                 vals[s] = evaluate(step, [vals[j] for j in step.inputs])
 
         return run
+
+
+def _start(value: float) -> ast.expr:
+    """An accumulator's first value as a node (``math.inf``: ast.unparse writes inf as 1e309)."""
+    if math.isinf(value):
+        inf = ast.Attribute(_load("math"), "inf", ast.Load())
+        return inf if value > 0 else ast.UnaryOp(ast.USub(), inf)
+    return ast.Constant(value)
 
 
 def _assign(target: str, value: ast.expr) -> ast.Assign:
