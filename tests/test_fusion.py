@@ -287,7 +287,7 @@ def test_nearest_centroid_is_one_loop_without_the_scores(monkeypatch):
 
 
 @pytest.mark.parametrize("ids", [[0.0, 1.0, 2.0, 3.0, 4.0], [3.0, 3.0, 9.0, 0.0, 1.0]])  # repeated, missing
-@pytest.mark.parametrize("n", [40_001, 40_000])  # an odd row left after the pairs, or none
+@pytest.mark.parametrize("n", [40_003, 40_001, 40_000])  # rows left after the fours, or none
 def test_kmeans_step_is_one_loop_over_X_and_matches_the_products(ids, n, monkeypatch):
     monkeypatch.setattr(compiler, "LOOP_MIN_BYTES", 0)
     rng = np.random.default_rng(11)
@@ -694,9 +694,24 @@ def test_contractions_of_three_blocks_match_einsum(subscripts):
     terms = subscripts.split("->")[0].split(",")
     blocks = [rng.standard_normal([sizes[x] for x in t]) for t in terms]
     np.testing.assert_allclose(_einsum(subscripts, *blocks), np.einsum(subscripts, *blocks), rtol=1e-12)
-    if subscripts == "ijk,jf,kf->if":  # MTTKRP, mode 0: X(ij, k) @ C first, one GEMM on a free reshape
+    if subscripts == "ijk,jf,kf->if":  # MTTKRP, mode 0: Cᵀ @ X(ij, k)ᵀ first, one GEMM on a free reshape
         (big, other, axes, partner_first), rest = _blas_pair(subscripts, tuple(b.shape for b in blocks))
-        assert (big, other, axes, partner_first, rest) == (0, 2, ([2], [0]), False, "ijf,jf->if")
+        assert (big, other, axes, partner_first, rest) == (0, 2, ([2], [0]), True, "fij,jf->if")
+
+
+@pytest.mark.parametrize(("rank", "partner_first"), [(4, True), (contraction.NARROW_COLUMNS + 1, False)])
+def test_a_narrow_first_product_puts_the_partner_first(rank, partner_first):
+    """MTTKRP's first GEMM against a narrow factor runs as Cᵀ @ X(ij, k)ᵀ (OpenBLAS is faster
+    so), a wide one as X(ij, k) @ C; both give einsum's result."""
+    from arrayjob.kernels.primitives import einsum as _einsum
+    from arrayjob.planner.contraction import blas_pair as _blas_pair
+
+    rng = np.random.default_rng(11)
+    X, B, C = rng.standard_normal((4, 50, 60)), rng.standard_normal((50, rank)), rng.standard_normal((60, rank))
+    (_, _, _, first), rest = _blas_pair("ijk,jf,kf->if", (X.shape, B.shape, C.shape))
+    assert first == partner_first and rest == ("fij,jf->if" if partner_first else "ijf,jf->if")
+    want = np.einsum("ijk,jf,kf->if", X, B, C)
+    np.testing.assert_allclose(_einsum("ijk,jf,kf->if", X, B, C), want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
 
 
 def test_a_small_block_program_does_not_import_numba():

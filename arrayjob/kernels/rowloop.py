@@ -75,6 +75,10 @@ SCALAR: dict[str, Callable[..., ast.expr]] = {
     "less_equal": _compare(ast.LtE), "equal": _compare(ast.Eq), "not_equal": _compare(ast.NotEq),
     "where": lambda condition, a, b: ast.IfExp(condition, a, b),
 }
+# Reductions over the rows other than sums: reduction -> its elementwise step, and where the
+# accumulator starts (max and min of no rows are NumPy errors; a block has rows).
+EXTREMES = {"max": "maximum", "min": "minimum"}
+START = {"scalar": 0.0, "max": -math.inf, "min": math.inf}
 MATRIX, ROW, PRE, ACC, POST = "matrix", "row", "pre", "acc", "post"
 FLOAT = "float64"
 
@@ -92,6 +96,16 @@ def _sigmoid(x):
     e = math.exp(x)
     return e / (1.0 + e)
 
+@numba.njit(error_model="numpy")
+def _log1p_unit(e):
+    # log1p for e in [0, 1] from log, within 2 ulps of NumPy's (Goldberg 1991, theorem 4):
+    # glibc's log1p costs about twice its log, and the logistic loss calls it once per row.
+    # Not inlined by numba, so the loop's fastmath cannot fold (1 + e) - 1 into e.
+    u = 1.0 + e
+    if u == 1.0:
+        return e
+    return math.log(u) * (e / (u - 1.0))
+
 @jit
 def _logaddexp(a, b):
     if a == b:
@@ -99,8 +113,8 @@ def _logaddexp(a, b):
     if a != a or b != b:
         return a + b
     if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
+        return a + _log1p_unit(math.exp(b - a))
+    return b + _log1p_unit(math.exp(a - b))
 
 @jit
 def _logaddexp_sigmoid(a, x):
@@ -108,7 +122,7 @@ def _logaddexp_sigmoid(a, x):
     # when a == 0, as in log(1 + e^x) = max(x, 0) + log1p(e^-|x|)
     if a == 0.0 and x == x:
         e = math.exp(-abs(x))
-        return (x if x > 0 else 0.0) + math.log1p(e), (1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e))
+        return (x if x > 0 else 0.0) + _log1p_unit(e), (1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e))
     return _logaddexp(a, x), _sigmoid(x)
 
 @jit
@@ -174,7 +188,7 @@ class _RowLoop:
             if self.role[s] == ROW and self.dtypes[s] not in ("float64", "float32", "int64", "int32", "bool"):
                 raise _Unfit
         self.body: list[ast.stmt] = []  # the loop body: per row, a statement or two per step
-        self.accumulators: list[tuple[int, str]] = []  # (slot, "scalar" | "vector")
+        self.accumulators: list[tuple[int, str]] = []  # (slot, "scalar" | "vector" | "max" | "min")
         self.dots: list[tuple[str, str]] = []  # X @ w: (target, w)
         self.scatters: list[str] = []  # Xᵀ @ v: target
         self.steps_pre: list[int] = []
@@ -254,6 +268,12 @@ class _RowLoop:
                 self.body += self.layout.scatter(target, self._value(sb))
             else:
                 raise _Unfit
+        elif isinstance(attrs, Reduce) and attrs.fn in EXTREMES and roles == [ROW] and step.dtype == FLOAT \
+                and self.dtypes[step.inputs[0]] == FLOAT and self.shapes[slot] == ():
+            # the largest (smallest) over the rows, NaN first as in NumPy: logreg's largest label
+            self.role[slot] = ACC
+            self.accumulators.append((slot, attrs.fn))
+            self.body.append(_assign(target, SCALAR[EXTREMES[attrs.fn]](_load(target), self._value(step.inputs[0]))))
         elif isinstance(attrs, Reduce) and attrs.fn == "sum" and roles == [ROW] and step.dtype == FLOAT:
             source = step.inputs[0]
             if self.shapes[slot] == ():
@@ -274,7 +294,7 @@ class _RowLoop:
         CSR block): one ``for`` over the rows, returning the accumulators."""
         params = [*self.layout.params, *(f"a{s}" for s in self.rows), *(f"p{s}" for s in self.pres)]
         shape = self.layout.header()
-        zeros = [_assign(f"t{s}", ast.Constant(0.0) if kind == "scalar" else _call("np.zeros", _load("d")))
+        zeros = [_assign(f"t{s}", _call("np.zeros", _load("d")) if kind == "vector" else _start(START[kind]))
                  for s, kind in self.accumulators]
         rows = ast.For(_store(ROW_INDEX), _call("range", _load("n")), self.body, [])
         before = self.layout.before_rows(self.dots, self.scatters)
@@ -314,6 +334,14 @@ class _RowLoop:
                 vals[s] = evaluate(step, [vals[j] for j in step.inputs])
 
         return run
+
+
+def _start(value: float) -> ast.expr:
+    """An accumulator's first value as a node (``math.inf``: ast.unparse writes inf as 1e309)."""
+    if math.isinf(value):
+        inf = ast.Attribute(_load("math"), "inf", ast.Load())
+        return inf if value > 0 else ast.UnaryOp(ast.USub(), inf)
+    return ast.Constant(value)
 
 
 def _assign(target: str, value: ast.expr) -> ast.Assign:

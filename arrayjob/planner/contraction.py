@@ -17,6 +17,12 @@ from arrayjob.planner.ops import parse_einsum
 # the rest contracts it: MTTKRP on a (100, 400, 400) block, rank 32, one thread, 44 ms
 # whole, 38 ms in pieces of 5 slabs (``benchmarks/bench_micro.py mttkrp-gemm``).
 PIECE_BYTES = 512 * 2**10
+# A first product whose partner keeps at most this many columns (rank 32 in MTTKRP) is run as
+# partnerᵀ @ bigᵀ, its result's rows the partner's: OpenBLAS packs the big block along the
+# long side of the output then. One (100, 400, 400) block, rank 32, one thread:
+# X(ij, k) @ C 41.6 ms (24.6 GFLOP/s), Cᵀ @ X(ij, k)ᵀ 30.6 ms (33.5 GFLOP/s); the gain holds
+# to 128 columns and reverses by 256 (``benchmarks/bench_micro.py mttkrp-gemm``).
+NARROW_COLUMNS = 128
 
 
 @functools.lru_cache(maxsize=512)
@@ -64,9 +70,11 @@ def blas_pair(subscripts: str, shapes: tuple[tuple[int, ...], ...]) -> Any:
             continue
         axes = ([a.index(x) for x in shared], [b.index(x) for x in shared])
         free_a, free_b = [x for x in a if x not in shared], [x for x in b if x not in shared]
-        result = "".join(free_b + free_a) if at_start and not at_end else "".join(free_a + free_b)
+        narrow = math.prod(size for x, size in zip(b, shapes[other], strict=True) if x not in shared) <= NARROW_COLUMNS
+        partner_first = at_start and not at_end or narrow
+        result = "".join(free_b + free_a) if partner_first else "".join(free_a + free_b)
         rest = [result] + [t for k, t in enumerate(terms) if k not in (big, other)]
-        return (big, other, axes, at_start and not at_end), ",".join(rest) + "->" + out
+        return (big, other, axes, partner_first), ",".join(rest) + "->" + out
     return None
 
 
