@@ -150,8 +150,7 @@ def model_row(name: str, workload: str, label: str, unit: str, work: Path, size:
     """The Spark row of models.py's workload ``name``, from what its arrayjob and scikit-learn
     runs left in ``state["spark"][name]`` (the data in memory, arrayjob's report, the parameters)."""
     if name not in MODELS:
-        return skipped_row(workload, label, unit, "not measured: scoring (LogisticRegressionModel.transform) "
-                                                  "has no Spark column yet")
+        return skipped_row(workload, label, unit, f"not measured: {name} has no Spark column")
     if why := unavailable(size):
         return skipped_row(workload, label, unit, why)
     s = state.get("spark", {}).get(name)
@@ -252,6 +251,17 @@ def _als(s: dict[str, Any], last: dict[str, Any], a: dict[str, np.ndarray]) -> s
     return note
 
 
+def _predict(s: dict[str, Any], last: dict[str, Any], a: dict[str, np.ndarray]) -> str:
+    note = ("its own multinomial LogisticRegressionModel (the same objective, fitted once, not timed; MLlib takes "
+            "no given coefficients): transform to (prediction, probability), written as Parquet")
+    note += f"; its coef agrees with arrayjob's model to {agreement(s['coef'], a['coef']):.1e}"
+    if (labels := _ours(s, "label")) is not None:
+        ours = np.bincount(labels.astype(np.int64), minlength=len(a["label_counts"]))
+        moved = int(np.abs(ours - a["label_counts"]).sum()) // 2
+        note += f"; labels per class {a['label_counts'].tolist()} (arrayjob's {ours.tolist()}: {moved} rows differ at most)"
+    return note
+
+
 # name -> (spark_models workload, the unit's divisor, its parameters from the state, the comparison)
 MODELS: dict[str, tuple[str, str, Any, Any]] = {
     "multinomial": ("logreg", "iterations", lambda s: {"family": "multinomial", "l2": s["l2"], "max_iter": 100,
@@ -264,4 +274,6 @@ MODELS: dict[str, tuple[str, str, Any, Any]] = {
     "gmm": ("gmm", "iterations", lambda s: {"init": str(_gmm_start(s)), "max_iter": s["max_iter"]}, _gmm),
     "als": ("als", "iterations", lambda s: {"rank": s["rank"], "l2": s["l2"], "max_iter": s["max_iter"],
                                             "users": s["R"].shape[0], "items": s["R"].shape[1]}, _als),
+    "predict": ("score", "passes", lambda s: {"l2": s["l2"], "max_iter": 100, "tol": s["tol"],
+                                              "classes": s["classes"], "out": s["out"]}, _predict),
 }

@@ -32,7 +32,9 @@ ml.feature.PCA, mllib GaussianMixture from the same start and ml ALS (its own st
 and RMSE compared), the median of ``--repeat`` fits after a warm-up in one session; the note
 says how its result agrees with arrayjob's and which parameters it was given. Not at the tiny
 size (the test suite starts no JVM) nor without pyspark and Java >= 17: the row says why.
-Scoring (predict) has no Spark column.
+Scoring (predict): MLlib's own multinomial model of the same data (it takes no given
+coefficients), fitted once untimed, then ``transform`` written as Parquet, per pass; its labels
+are compared by their counts per class.
 """
 
 from __future__ import annotations
@@ -427,6 +429,10 @@ def predict(work: Path, s: Size, case: Case, repeat: int, state: dict[str, Any])
         note += (f"; labels equal on {same:.2%} of rows, probabilities agree to "
                  f"{agreement(written['probability'], proba):.1e}")
     case.peer("scikit-learn", load_s, t, note)
+    fitted = state.get("spark", {}).get("multinomial")
+    if fitted is not None:  # Spark's column: its own model of the same data scoring the same X
+        state["spark"]["predict"] = {**fitted, "report": report, "coef": model["arrays"]["coef"], "classes": CLASSES,
+                                     "out": str(work / "predict" / "spark-scores")}
 
 
 WORKLOADS: dict[str, tuple[str, str, Callable[..., None]]] = {  # name -> (workload, unit, function)

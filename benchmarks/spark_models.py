@@ -177,9 +177,38 @@ def als(spark: Any, df: Any, p: dict[str, Any], run: int) -> Fitted:
 
 
 # workload -> (how its Parquet is read, the fit)
+_SCORER: dict[str, Any] = {}  # score's model, fitted once a process (not timed)
+
+
+def score(spark: Any, df: Any, p: dict[str, Any], run: int) -> Fitted:
+    """A fitted multinomial LogisticRegressionModel scoring X: ``transform`` to (prediction,
+    probability), written as Parquet under ``p["out"]``, as arrayjob's predict writes its label and
+    probability. MLlib's model cannot be given arrayjob's coefficients, so it is fitted here once
+    with the same objective (not timed) and the labels are compared by their counts per class."""
+    from pyspark.ml.classification import LogisticRegression
+
+    if "model" not in _SCORER:
+        estimator = LogisticRegression(featuresCol=FEATURES, labelCol=LABEL, family="multinomial", regParam=p["l2"],
+                                       elasticNetParam=0.0, standardization=False, fitIntercept=True,
+                                       maxIter=p["max_iter"], tol=p["tol"])
+        _SCORER["model"] = estimator.fit(df)
+    model = _SCORER["model"]
+    target = Path(p["out"]) / f"scores-{run}"
+    with spark_peer.Passes(spark, f"score-{run}") as passes:
+        start = time.perf_counter()
+        model.transform(df).select("prediction", "probability").write.mode("overwrite").parquet(str(target))
+        seconds = time.perf_counter() - start
+    counted = spark.read.parquet(str(target)).groupBy("prediction").count().collect()
+    counts = {int(r["prediction"]): int(r["count"]) for r in counted}
+    labels = np.array([counts.get(k, 0) for k in range(int(p["classes"]))])
+    return ({"seconds": seconds, "passes": passes.count},
+            {"coef": model.coefficientMatrix.toArray(), "label_counts": labels})
+
+
 FITS: dict[str, tuple[str, Callable[[Any, Any, dict[str, Any], int], Fitted]]] = {
     "sparse-logreg": ("sparse", logreg), "sparse-kmeans": ("sparse", kmeans), "logreg": ("dense", logreg),
     "linreg": ("dense", linreg), "pca": ("dense", pca), "gmm": ("dense", gmm), "als": ("ratings", als),
+    "score": ("dense", score),
 }
 
 
