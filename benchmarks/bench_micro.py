@@ -185,6 +185,17 @@ def _ms(fn, repeat: int = 5) -> str:  # type: ignore[no-untyped-def]
     return f"{timed(fn, repeat).median * 1e3:8.1f} ms"
 
 
+def cpu_and_wall(fn) -> str:  # type: ignore[no-untyped-def]
+    """Median of 5 after a warm-up: wall time and this thread's CPU time (steadier on a shared machine)."""
+    def once() -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        fn()
+        return time.perf_counter() - wall, time.thread_time() - cpu
+    once()
+    runs = sorted(once() for _ in range(5))
+    return f"{runs[2][0] * 1e3:7.1f} ms wall {sorted(c for _, c in runs)[2] * 1e3:7.1f} ms CPU"
+
+
 def tsqr_block(_: argparse.Namespace) -> None:
     """QR of one 500,000 × 64 block of X, 1 thread: the Householder block QR (LAPACK on
     2,048-row sub-blocks) against CholeskyQR2's passes over the same block."""
@@ -762,15 +773,6 @@ def sparse_loop(args: argparse.Namespace) -> None:
     from arrayjob import lazy as la
     from arrayjob.kernels.block_kernel import CompiledPrograms
 
-    def cpu_and_wall(fn) -> str:  # type: ignore[no-untyped-def]
-        def once() -> tuple[float, float]:
-            wall, cpu = time.perf_counter(), time.thread_time()
-            fn()
-            return time.perf_counter() - wall, time.thread_time() - cpu
-        once()
-        runs = sorted(once() for _ in range(5))
-        return f"{runs[2][0] * 1e3:7.1f} ms wall {sorted(c for _, c in runs)[2] * 1e3:7.1f} ms CPU"
-
     n, per_row = args.rows, 30
     print(f"  {os.cpu_count()} cores (shared), 1 thread; {n:,} rows, {per_row} non-zeros a row")
     for d in (2**20, 2**17):
@@ -853,15 +855,6 @@ def sparse_kmeans(args: argparse.Namespace) -> None:
     got, want = loop(values), products(values)
     assert np.allclose(got[0], want[0], rtol=1e-10, atol=1e-12) and np.array_equal(got[1], want[1])
 
-    def cpu_and_wall(fn) -> str:  # type: ignore[no-untyped-def]
-        def once() -> tuple[float, float]:
-            wall, cpu = time.perf_counter(), time.thread_time()
-            fn()
-            return time.perf_counter() - wall, time.thread_time() - cpu
-        once()
-        runs = sorted(once() for _ in range(5))
-        return f"{runs[2][0] * 1e3:7.1f} ms wall {sorted(c for _, c in runs)[2] * 1e3:7.1f} ms CPU"
-
     print(f"  {n:,} × 2^16, {per_row} a row ({(X.data.nbytes + X.indices.nbytes) / 2**20:.0f} MiB), k = {k}, 1 thread")
     with threadpool_limits(1):
         print(f"    the loop over the non-zeros (one visit)      {cpu_and_wall(lambda: loop(values))}")
@@ -904,17 +897,90 @@ def _block_kernel(graph: Any) -> Any:
     return BlockKernel("logistic", len(leaves), tuple(steps), tuple(slot[o] for o in graph.outputs))
 
 
+def _parquet_floor(paths: list[str], columns: list[str], stop_after: str, out: Any) -> None:
+    """One process's share of ``parquet_bound``: per file, map it, decode its row group (one
+    thread), copy the columns into a row-major block by bands of rows (as the load does), check
+    it is finite and copy it once into fresh shared pages (what a put into the object store costs)."""
+    import mmap
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    steps = dict.fromkeys(("decode", "rows", "check", "put"), 0.0)
+    for path in paths:
+        a = time.perf_counter()
+        with open(path, "rb") as f:
+            view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        table = pq.ParquetFile(pa.BufferReader(pa.py_buffer(view))).read_row_group(0, columns=columns, use_threads=False)
+        b = time.perf_counter()
+        steps["decode"] += b - a
+        if stop_after == "decode":
+            continue
+        values = [table.column(c).to_numpy() for c in columns]
+        block = np.empty((table.num_rows, len(columns)))
+        for s in range(0, table.num_rows, 4096):
+            for j, v in enumerate(values):
+                block[s:s + 4096, j] = v[s:s + 4096]
+        c = time.perf_counter()
+        steps["rows"] += c - b
+        assert np.isfinite(block).all()
+        d = time.perf_counter()
+        steps["check"] += d - c
+        np.copyto(np.frombuffer(mmap.mmap(-1, block.nbytes), dtype=np.float64).reshape(block.shape), block)
+        steps["put"] += time.perf_counter() - d
+    out.put(steps)
+
+
+def parquet_bound(args: argparse.Namespace) -> None:
+    """The Parquet load's floor on this machine, without Ray (issue 25's pyarrow target): the
+    files of ``benchmarks/parquet.py``'s data (``--parquet DIR``, default its full size) read by
+    one process a core, each decoding its share and, in the second pass, making the row-major
+    blocks a job holds, checking and copying them once; against one pyarrow process's
+    ``dataset(...).to_table(columns)``. Medians of 3 after a warm-up."""
+    import multiprocessing
+
+    import pyarrow.dataset as ds
+
+    files = [str(p) for p in sorted((args.parquet / "features").iterdir())]
+    dataset = ds.dataset(str(args.parquet / "features"), format="parquet")
+    columns = [c for c in dataset.schema.names if c.startswith("f")]
+    context = multiprocessing.get_context("fork")
+    cores = os.cpu_count() or 1
+
+    def processes(stop_after: str) -> tuple[float, dict[str, float]]:
+        out = context.Queue()
+        workers = [context.Process(target=_parquet_floor, args=(files[i::cores], columns, stop_after, out))
+                   for i in range(cores)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        steps = [out.get() for _ in workers]
+        for w in workers:
+            w.join()
+        return time.perf_counter() - start, {k: sum(s[k] for s in steps) for k in steps[0]}
+
+    print(f"  {len(files)} files, {len(columns)} columns, {cores} processes; {os.popen('uptime').read().strip()}")
+    print(f"    pyarrow to_table, one process           {_ms(lambda: dataset.to_table(columns=columns), 3)}")
+    print(f"    {cores} processes: map and decode only       {_ms(lambda: processes('decode'), 3)}")
+    print(f"    {cores} processes: + rows, check, one copy   {_ms(lambda: processes('all'), 3)}")
+    _, steps = processes("all")
+    print("    CPU-side sums over the processes: " + ", ".join(f"{k} {v:.3f} s" for k, v in steps.items()))
+
+
 COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-sizes": block_sizes,
             "peer-chunks": peer_chunks, "tsqr-block": tsqr_block, "kmeans-assign": kmeans_assign,
             "pagerank-build": pagerank_build, "pagerank-order": pagerank_order,
             "pagerank-iteration": pagerank_iteration, "store-pages": store_pages, "s3-block": s3_block, "s3-ops": s3_ops, "ray-returns": ray_returns,
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp, "kept-map": kept_map,
-            "sparse-loop": sparse_loop, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans}
+            "sparse-loop": sparse_loop, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans,
+            "parquet-bound": parquet_bound}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
     parser.add_argument("--rows", type=int, default=1_000_000, help="sparse-loop, sparse-kmeans: rows of the block")
+    parser.add_argument("--parquet", type=Path, default=HERE.parent / ".arrayjob" / "bench" / "parquet" / "full",
+                        help="parquet-bound: benchmarks/parquet.py's data directory of one size")
     parser.add_argument("--preallocate", action="store_true",
                         help="store-pages: start Ray with RAY_preallocate_plasma_memory=1 (the store touched at start)")
     args = parser.parse_args()
