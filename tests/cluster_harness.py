@@ -193,6 +193,13 @@ def serve(fd: int) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.pop("RAY_ADDRESS", None)
+    # This process is a driver whose gRPC threads are busy (recovering a lost node's objects)
+    # when Cluster.add_node forks the replacement's raylet: Ray starts its processes with a
+    # preexec_fn, so subprocess forks (not vfork) and grpcio's fork handlers run. With them
+    # the harness crashed once in a fresh-clone CI run ("Other threads are currently calling
+    # into gRPC, skipping fork() handlers", then SIGSEGV). Nothing forked here uses gRPC before
+    # it execs, so the handlers are off, as gRPC advises for such programs.
+    os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
     sys.path.insert(0, str(REPO))
     import ray
     from ray.cluster_utils import Cluster

@@ -14,7 +14,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext, redirect_stdout, suppress
+from contextlib import ExitStack, contextmanager, redirect_stdout, suppress
 from dataclasses import dataclass, field
 from typing import Any, TextIO, cast
 
@@ -196,13 +196,18 @@ class PrivateRayWatch:
 
     def has_lost_one(self) -> bool:
         """Whether the GCS or raylet is dead now, asked of the kernel (not of the watch thread,
-        which may not have woken up yet)."""
+        which may not have woken up yet); once the watch is closed, whether it was then."""
         if self.lost is not None:
             return True
+        if self._closed.is_set():
+            return False
+        return self._dead_now() is not None
+
+    def _dead_now(self) -> str | None:
         with suppress(OSError, ValueError):
             ready, _, _ = select.select(list(self._fds), [], [], 0)
-            return bool(ready)
-        return True  # the descriptors are closed: the watch is over
+            return self._fds[ready[0]] if ready else None
+        return None
 
     def _watch(self) -> None:
         ready, _, _ = select.select([*self._fds, self._wake_r], [], [])
@@ -230,6 +235,11 @@ class PrivateRayWatch:
         return cast(TextIO, _MuteOnceLost(stream, self))
 
     def close(self) -> None:
+        """Stop watching. A death the kernel already knows of is recorded even if the watch
+        thread has not woken up for it (the job's own error may have come first): the shutdown
+        must not wait for the dead process, and what Ray prints about it stays muted."""
+        if self.lost is None:
+            self.lost = self._dead_now()
         self._closed.set()
         os.write(self._wake_w, b"x")
         self._thread.join()
@@ -366,19 +376,23 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
                     raise ClusterError(f"cannot start a local Ray: {_first_line(exc)}") from None
                 raise ClusterError(f"cluster.address: cannot connect to Ray at {options.address!r}: "
                                    f"{_first_line(exc)}") from None
+        # Ray's driver prints to sys.stdout what a raylet reports, its own death included: muted
+        # from the death until Ray is shut down (which joins the thread that prints), so none of
+        # it reaches stderr beside the job's own line, whichever of the two notices the death first.
+        prints = ExitStack()
         try:
             if watchdog is not None:
                 _tell_session(watchdog)
                 watch = PrivateRayWatch(_private_processes(), before_exit=before_exit)
-            # Ray's driver prints to sys.stdout what a raylet reports, its own death included.
-            prints = redirect_stdout(watch.quiet_once_lost(sys.stdout)) if watch is not None else nullcontext()
-            with _ray_failures(watch), prints:
+                prints.enter_context(redirect_stdout(watch.quiet_once_lost(sys.stdout)))
+            with _ray_failures(watch):
                 info = describe()
                 yield dataclasses.replace(info, started_here=True)
         finally:
-            if watch is not None:
-                watch.close()
-            _shutdown(lost=watch is not None and watch.lost is not None)
+            with prints:
+                if watch is not None:
+                    watch.close()
+                _shutdown(lost=watch is not None and watch.lost is not None)
     finally:
         if watchdog is not None:
             os.environ.pop(reaper.OWNER_VARIABLE, None)
