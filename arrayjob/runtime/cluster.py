@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -16,11 +14,12 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, redirect_stdout, suppress
 from dataclasses import dataclass, field
-from typing import Any, TextIO, cast
+from typing import Any
 
 from arrayjob.errors import ClusterError, Terminated
 from arrayjob.planner.plan import ClusterShape
 from arrayjob.runtime import reaper
+from arrayjob.runtime.private_ray import PrivateRayWatch, private_processes
 from arrayjob.units import parse_bytes, parse_duration
 
 
@@ -163,128 +162,6 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-class PrivateRayWatch:
-    """Watches the GCS and raylet of the Ray this job started, by pidfd; ``lost`` names the
-    one that died.
-
-    A dead GCS: Ray's driver would wait a minute for it to come back (a private one never
-    does), then end the process itself. So the main thread is interrupted at once, and the
-    job unwinds as ``ClusterError``. A dead raylet: Ray's driver ends the process (``_Exit(1)``)
-    the next time it touches the object store, typically within 0.1 s, before any Python code
-    can run; so this says why and ends the process first, with ClusterError's exit code.
-    Likewise if the main thread is held in Ray for ``grace`` seconds after an interruption.
-    """
-
-    def __init__(self, processes: dict[str, int], grace: float = 5.0,
-                 before_exit: Callable[[], None] | None = None) -> None:
-        self.lost: str | None = None
-        self.grace = grace
-        self.before_exit = before_exit  # what must not wait for a lease to expire (best effort)
-        self._fds: dict[int, str] = {}
-        for name, pid in processes.items():
-            try:
-                self._fds[os.pidfd_open(pid)] = f"{name} (pid {pid})"
-            except (AttributeError, OSError):  # no pidfd here: Ray's own errors still apply
-                continue
-        self._wake_r, self._wake_w = os.pipe()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="arrayjob-ray-watch", daemon=True)
-        self._thread.start()
-
-    def message(self) -> str:
-        return f"the job's Ray stopped under it: its {self.lost} died; nothing published"
-
-    def has_lost_one(self) -> bool:
-        """Whether the GCS or raylet is dead now, asked of the kernel (not of the watch thread,
-        which may not have woken up yet); once the watch is closed, whether it was then."""
-        if self.lost is not None:
-            return True
-        if self._closed.is_set():
-            return False
-        return self._dead_now() is not None
-
-    def _dead_now(self) -> str | None:
-        with suppress(OSError, ValueError):
-            ready, _, _ = select.select(list(self._fds), [], [], 0)
-            return self._fds[ready[0]] if ready else None
-        return None
-
-    def _watch(self) -> None:
-        ready, _, _ = select.select([*self._fds, self._wake_r], [], [])
-        died = [self._fds[fd] for fd in ready if fd in self._fds]
-        if not died or self._closed.is_set():
-            return
-        self.lost = died[0]
-        _quiet_native_stderr()
-        if not self.lost.startswith("raylet"):
-            import _thread
-
-            _thread.interrupt_main()  # a KeyboardInterrupt in the main thread, read as ClusterError
-            if self._closed.wait(self.grace):
-                return
-        sys.stderr.write(f"arrayjob: error: {self.message()}\n")
-        sys.stderr.flush()
-        if self.before_exit is not None:
-            with suppress(Exception):
-                self.before_exit()
-        os._exit(ClusterError.exit_code)
-
-    def quiet_once_lost(self, stream: TextIO) -> TextIO:
-        """``stream`` for what Ray's driver prints (a raylet's account of its own death), mute
-        once this Ray has lost its GCS or raylet: the watch says that in one line."""
-        return cast(TextIO, _MuteOnceLost(stream, self))
-
-    def close(self) -> None:
-        """Stop watching. A death the kernel already knows of is recorded even if the watch
-        thread has not woken up for it (the job's own error may have come first): the shutdown
-        must not wait for the dead process, and what Ray prints about it stays muted."""
-        if self.lost is None:
-            self.lost = self._dead_now()
-        self._closed.set()
-        os.write(self._wake_w, b"x")
-        self._thread.join()
-        for fd in [*self._fds, self._wake_r, self._wake_w]:
-            os.close(fd)
-
-
-class _MuteOnceLost(io.TextIOBase):
-    """A text stream that passes writes to ``stream`` until ``watch`` finds its Ray lost.
-
-    Asked at each write, so a message that arrives because the raylet died is always dropped,
-    however the threads are scheduled.
-    """
-
-    def __init__(self, stream: TextIO, watch: PrivateRayWatch) -> None:
-        self._stream = stream
-        self._watch = watch
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if not self._watch.has_lost_one():
-            self._stream.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        with suppress(OSError, ValueError):
-            self._stream.flush()
-
-
-def _quiet_native_stderr() -> None:
-    """Once its Ray is gone, the driver's Ray core logs every RPC that fails to file
-    descriptor 2; the job says what happened in one line. Python's ``sys.stderr`` keeps the
-    terminal (a copy of the descriptor); the descriptor itself goes to /dev/null."""
-    with suppress(OSError, ValueError):
-        sys.stderr.flush()
-        kept = os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
-        sys.stderr = open(kept, "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",  # noqa: SIM115
-                          errors="backslashreplace")
-
-
 def _tell_session(watchdog: subprocess.Popen[bytes]) -> None:
     """Give the watchdog the session directory of the Ray started here: its agents and workers
     are known by the files they hold in it."""
@@ -295,19 +172,6 @@ def _tell_session(watchdog: subprocess.Popen[bytes]) -> None:
         with suppress(OSError):
             watchdog.stdin.write(f"{node.get_session_dir_path()}\n".encode())
             watchdog.stdin.flush()
-
-
-def _private_processes() -> dict[str, int]:
-    """The pids of the GCS and raylet of the Ray started in this process."""
-    import ray._private.worker as worker
-
-    node = worker._global_node
-    found: dict[str, int] = {}
-    for name in ("gcs_server", "raylet"):
-        processes: list[Any] = node.all_processes.get(name, []) if node is not None else []
-        for info in processes:
-            found[name] = info.process.pid
-    return found
 
 
 @contextmanager
@@ -383,7 +247,7 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
         try:
             if watchdog is not None:
                 _tell_session(watchdog)
-                watch = PrivateRayWatch(_private_processes(), before_exit=before_exit)
+                watch = PrivateRayWatch(private_processes(), before_exit=before_exit)
                 prints.enter_context(redirect_stdout(watch.quiet_once_lost(sys.stdout)))
             with _ray_failures(watch):
                 info = describe()
