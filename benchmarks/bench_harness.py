@@ -119,7 +119,7 @@ TARGETS: dict[str, tuple[str, Callable[[Row, list[Row]], bool | None]]] = {
     "logreg loss+grad": ("<= 1.4× one read of X, and faster than every peer", _logreg_eval),
     "logreg L-BFGS": ("<= 0.5× NumPy+SciPy per iteration", _at_most("NumPy", 0.5)),
     "TSQR": (">= 3× faster than the best peer", _faster_than_best(3.0)),
-    "linreg": ("default method (tsqr) <= 2× method normal", _at_most("arrayjob, method normal", 2.0)),
+    "linreg": ("default method (refined) <= 2× method normal", _at_most("arrayjob, method normal", 2.0)),
     "KMeans": (">= 1.5× faster than scikit-learn", _at_most("scikit-learn", 1 / 1.5)),
     "PageRank": ("faster than SciPy per iteration", _at_most("SciPy", 1.0)),
     "MTTKRP": (">= 1.2× faster than the best peer", _faster_than_best(1.2)),

@@ -171,7 +171,7 @@ BAD = [
     ("cp_als", {"X": ((4, 5, 6), (2, 5, 6))}, {"rank": 0}, SpecError, "params.rank: expected an integer >= 1, got 0"),
     ("tsqr", {"A": ((4, 5), (2, 5))}, {}, InputError, "inputs.A: expected a tall matrix (rows >= columns > 0), got shape (4, 5)"),
     ("linreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"method": "qr"}, SpecError,
-     "params.method: expected one of 'auto', 'tsqr', 'normal', 'cg', 'owlqn', got 'qr'"),
+     "params.method: expected one of 'auto', 'refined', 'tsqr', 'normal', 'cg', 'owlqn', got 'qr'"),
     ("linreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,))}, {"method": "tsqr", "l1": 0.1}, InputError,
      'params.method: tsqr solves least squares with an l2 penalty only; l1 > 0 needs "owlqn" (or "auto")'),
     ("linreg", {"X": ((10, 3), (5, 3)), "y": ((10,), (5,)), "weights": ((9,), (5,))}, {}, InputError,

@@ -35,7 +35,20 @@ l2 > 0 otherwise). Cost: 4·nnz flops and a d-vector per block per iteration.
 ``method = "owlqn"``: the L1 / elastic-net fit (``jobs.elastic_net``), one pass per evaluation.
 The other methods refuse l1 > 0.
 
-``method = "auto"`` (the default): ``owlqn`` when l1 > 0; else ``tsqr`` for a dense X; for a
+``method = "refined"``: the normal equations, then refined against X itself: one pass
+computes the residual r = y − Xw − b with Xᵀr, 1ᵀr and ‖r‖², and the same factored system
+solves for the correction (iterative refinement; Higham, "Accuracy and Stability of
+Numerical Algorithms", ch. 12 and 20). Each step shrinks the error by about u·κ(X)², and the
+residual computed from X itself sets the limit, which is a backward-stable method's: about
+u·κ(X). So the normal equations' Cholesky is checked first (columns scaled to unit norm, its
+condition number estimated by LAPACK's trcon): if the expected rate, u·κ² times the digits
+centring from sums lost (a mean far from the spread), is over ``normal_equations.REFINE_RATE_LIMIT``, or the
+Cholesky fails, or refinement stops converging, the fit runs TSQR instead (one more pass; the
+result says so). It stops once the last correction, times κ, is below the coefficients' norm (what is
+left is then below u·κ). Cost: two passes where X is well conditioned (the Gram pass, one
+refinement pass of two matrix-vector products), against TSQR's trsm and second Gram.
+
+``method = "auto"`` (the default): ``owlqn`` when l1 > 0; else ``refined`` for a dense X; for a
 sparse one, ``normal`` while d ≤ 4096 (a 128 MB Gram matrix on the driver) and ``cg`` above.
 The plan and the result say which.
 """
@@ -64,6 +77,7 @@ from arrayjob.api import (
     require_features_and_targets,
 )
 from arrayjob.jobs import elastic_net, sample_weights
+from arrayjob.jobs.normal_equations import REFINE_MAX_STEPS, FactoredNormalEquations
 from arrayjob.jobs.tsqr import (
     R_OF_STACK,
     Order,
@@ -83,7 +97,7 @@ class LinRegParams:
     l2: float = field(default=0.0, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
     l1: float = field(default=0.0, metadata={"check": lambda v: v >= 0 and np.isfinite(v), "expect": "a number >= 0"})
     fit_intercept: bool = True
-    method: Literal["auto", "tsqr", "normal", "cg", "owlqn"] = "auto"
+    method: Literal["auto", "refined", "tsqr", "normal", "cg", "owlqn"] = "auto"
     # iterative methods only: stop at ‖residual‖ ≤ tol·‖Xᵀy‖ (cg), at ‖pseudo-gradient‖ ≤
     # tol·its norm at the start (owlqn), or after max_iter iterations
     tol: float = field(default=1e-10, metadata={"check": lambda v: 0 < v < 1, "expect": "a number between 0 and 1"})
@@ -103,8 +117,9 @@ class LinearRegression(Job):
         require_features_and_targets(self.arrays)
         sample_weights.require_weights(self.arrays)
         method = self.params.method
-        require(method != "tsqr" or self.arrays["X"].sparse is None,
-                "params.method: tsqr factors dense blocks and inputs.X is sparse (use \"normal\", \"cg\" or \"auto\")")
+        require(method not in ("tsqr", "refined") or self.arrays["X"].sparse is None,
+                f"params.method: {method} factors dense blocks and inputs.X is sparse (use \"normal\", \"cg\" or "
+                "\"auto\")")
         require(self.params.l1 == 0 or method in ("auto", "owlqn"),
                 f"params.method: {method} solves least squares with an l2 penalty only; l1 > 0 needs \"owlqn\" "
                 "(or \"auto\")")
@@ -118,7 +133,7 @@ class LinearRegression(Job):
             return "owlqn"
         X = self.arrays["X"]
         if X.sparse is None:
-            return "tsqr"
+            return "refined"
         return "normal" if X.shape[1] <= NORMAL_MAX_FEATURES else "cg"
 
     def describe(self) -> str:
@@ -157,13 +172,25 @@ class LinearRegression(Job):
                 Pass("cg", "fit", {"xtxv": X.T @ wz, "sum_xv": wz.sum()}, EACH_ITERATION),
                 Pass("residual", "fit", {"rss": rss.sum()}),
             ))
-        return StagePlan((Pass(self.method, "fit", self._one_pass(workers)),))
+        if self.method == "refined":  # TSQR's pass too, run only if refinement cannot be trusted
+            return StagePlan((Pass("normal", "fit", self._one_pass(workers, "normal")),
+                              Pass("refine", "fit", self._refine_pass(X, y, w))))
+        return StagePlan((Pass(self.method, "fit", self._one_pass(workers, self.method)),))
 
-    def _one_pass(self, workers: int) -> dict[str, la.BlockArray]:
+    def _refine_pass(self, X: la.BlockArray, y: la.BlockArray, w: la.BlockArray | None) -> dict[str, la.BlockArray]:
+        """At the coefficients v and intercept b: r = y − Xv − b, then Xᵀr, 1ᵀr and rᵀr (each
+        weighted by w): the normal equations' residual and the objective, from X itself."""
+        r = y - X @ la.value("v", (X.shape[1],))
+        if self.params.fit_intercept:
+            r = r - la.value("b", ())
+        wr = r if w is None else w * r
+        return {"xtr": X.T @ wr, "sum_r": wr.sum(), "rss": (wr * r).sum()}
+
+    def _one_pass(self, workers: int, method: str) -> dict[str, la.BlockArray]:
         X = la.from_input(self.arrays["X"])
         y = la.from_input(self.arrays["y"])
         w = sample_weights.sample_weights(self.arrays)
-        if self.method == "tsqr":
+        if method == "tsqr":
             rows = block_rows_for(self, "X", workers)
             n, d = X.shape
             cols = d + (2 if self.params.fit_intercept else 1)
@@ -208,6 +235,11 @@ class LinearRegression(Job):
             with ctx.metrics.stage(plan.stage_of("evaluate")):
                 return elastic_net.solve(ctx, plan["evaluate"], n, d, l1=p.l1, l2=p.l2, fit_intercept=p.fit_intercept,
                                          tol=p.tol, max_iter=p.max_iter)
+        if self.method == "refined":
+            with ctx.metrics.stage("load"):
+                ctx.session.load(plan["normal"])
+            with ctx.metrics.stage(plan.stage_of("normal")):
+                return self._refined(ctx, plan, n, d)
         program, stage = plan[self.method], plan.stage_of(self.method)
         with ctx.metrics.stage("load"):
             ctx.session.load(program)
@@ -238,6 +270,48 @@ class LinearRegression(Job):
             objective = max(resid, 0.0) / (2 * total) + 0.5 * p.l2 * float(coef @ coef)
         attrs = self._attrs(objective, n, d, total)
         summary = [f"solved the {d} × {d} normal equations: objective {objective:.10g}"]
+        return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs, summary)
+
+    def _refined(self, ctx: JobContext, plan: StagePlan, n: int, d: int) -> JobResult:
+        """The normal equations, refined against X's residuals; TSQR if they cannot be trusted."""
+        p = self.params
+        s = ctx.session.compute(plan["normal"])
+        total = sample_weights.total(float(s["sum_w"])) if "sum_w" in s else float(n)
+        system = FactoredNormalEquations.of(s["xtx"], s["sum_x"], total, p.l2, p.fit_intercept)
+        why = system.unsuitable()
+        steps = 0
+        if why is None:
+            coef, intercept = system.solve(s["xty"], float(s["sum_y"]))
+            rss, previous = math.nan, math.inf
+            while True:
+                values = {"v": coef, "b": intercept} if p.fit_intercept else {"v": coef}
+                r = ctx.session.compute(plan["refine"], values)
+                xtr, sum_r = r["xtr"], float(r["sum_r"])
+                dc, db = system.solve(xtr - total * p.l2 * coef, sum_r)
+                # ‖r − Aδ‖² for A = [X 1] (weighted): the residual after the correction, without a pass
+                rss = float(r["rss"]) - 2 * (float(dc @ xtr) + db * sum_r) + system.quadratic(dc, db)
+                coef, intercept = coef + dc, intercept + db
+                steps += 1
+                ctx.metrics.iteration(steps, REFINE_MAX_STEPS, correction=float(np.linalg.norm(dc)))
+                size = math.hypot(float(np.linalg.norm(dc)), db)
+                if system.condition * size <= math.hypot(float(np.linalg.norm(coef)), intercept):
+                    break  # what is left of the error is below u·κ: a backward-stable solver's
+                if steps == REFINE_MAX_STEPS or size > 0.5 * previous:
+                    why = f"refinement did not converge in {steps} steps (last correction {size:.1e})"
+                    break
+                previous = size
+        if why is not None:
+            computed = ctx.session.compute(self._one_pass(ctx.session.options.cluster.workers, "tsqr"))
+            coef, intercept, objective = self._from_r(computed["R"], total, d)
+            attrs = self._attrs(objective, n, d, total) | {
+                "method": "tsqr", "refinement": {"steps": steps, "instead": why}}
+            return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs,
+                             [f"least squares by TSQR ({why}): objective {objective:.10g}"])
+        objective = max(rss, 0.0) / (2 * total) + 0.5 * p.l2 * float(coef @ coef)
+        attrs = self._attrs(objective, n, d, total) | {
+            "refinement": {"steps": steps, "condition_estimate": float(system.condition)}}
+        summary = [f"the {d} × {d} normal equations, refined against X in {steps} step{'s' if steps > 1 else ''} "
+                   f"(condition number about {system.condition:.2g}): objective {objective:.10g}"]
         return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs, summary)
 
     def _attrs(self, objective: float, n: int, d: int, total: float) -> dict[str, object]:
