@@ -142,6 +142,8 @@ class LinearRegression(Job):
         return f"{self.title} ({self.method}) on X {X.shape[0]:,} × {X.shape[1]:,}{kind}"
 
     def iterations_assumed(self, iterations: int | None = None) -> tuple[int, str]:
+        if self.method == "refined":
+            return 1, "the Gram pass and one refinement pass; TSQR's pass too where X is too ill-conditioned"
         if self.method not in ("cg", "owlqn"):
             return 1, "a single pass"
         return super().iterations_assumed(iterations)
