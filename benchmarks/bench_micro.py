@@ -19,11 +19,15 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py kept-map       # a kept CSR block mapped from the spill vs in memory (no data needed)
     .venv/bin/python benchmarks/bench_micro.py sparse-loop    # the logistic row loop over a CSR and a CSC block vs SciPy's products (no data needed; --rows)
     .venv/bin/python benchmarks/bench_micro.py sparse-kmeans  # k-means' step over a CSR block: the loop vs SciPy's products (no data needed; --rows)
+    .venv/bin/python benchmarks/bench_micro.py linreg-block   # linreg's R-only TSQR of one [X 1 y] block, its parts, vs the normal equations' Gram (no data needed)
+    .venv/bin/python benchmarks/bench_micro.py ray-stop       # a private Ray's shutdown, timed per process type, as ray.init starts it (no data needed)
+    .venv/bin/python benchmarks/bench_micro.py ray-start      # ray.init vs the head Node without monitor and log monitor (no data needed)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -967,13 +971,149 @@ def parquet_bound(args: argparse.Namespace) -> None:
     print("    CPU-side sums over the processes: " + ", ".join(f"{k} {v:.3f} s" for k, v in steps.items()))
 
 
+def linreg_block(_: argparse.Namespace) -> None:
+    """linreg's TSQR floor on one 500,000 × 64 block, 1 thread: R of [X 1 y] as the job makes
+    it (``linreg.augmented_r_with_ones``: sketch, assembly, trsm, Gram), its trsm and Gram alone
+    over F-order pieces of 8,192 rows (right-side trsm, as the job does), the left-side
+    transposed trsm over C-order pieces and a recursive blocked trsm (GEMM updates), all
+    against the normal equations' Gram XᵀX of the same block. Random data: no files needed."""
+    from scipy.linalg.blas import dgemm, dtrsm
+    from threadpoolctl import threadpool_limits
+
+    from arrayjob.jobs.linreg import augmented_r_with_ones
+
+    rng = np.random.default_rng(0)
+    m, d, piece = BLOCK_ROWS, 64, 8192
+    X, y = rng.standard_normal((m, d)), rng.standard_normal(m)
+    A = np.column_stack([X, np.ones(m), y])
+    R = np.triu(np.linalg.qr(rng.standard_normal((d + 2, d + 2)))[1])
+    f_pieces = [np.asfortranarray(A[lo:lo + piece]) for lo in range(0, m, piece)]
+    c_pieces = [np.ascontiguousarray(A[lo:lo + piece]) for lo in range(0, m, piece)]
+
+    def recursive(a: np.ndarray, r: np.ndarray) -> None:  # Z r = a in place, a in Fortran order
+        n = r.shape[0]
+        if n <= 16:
+            dtrsm(1.0, r, a, side=1, lower=0, overwrite_b=1)
+            return
+        h = n // 2
+        recursive(a[:, :h], r[:h, :h])
+        dgemm(-1.0, a[:, :h], r[:h, h:], beta=1.0, c=a[:, h:], overwrite_c=1)
+        recursive(a[:, h:], r[h:, h:])
+
+    def right() -> None:
+        for a in f_pieces:
+            q = dtrsm(1.0, R, a.copy(order="F"), side=1, lower=0, overwrite_b=1)
+            q.T @ q
+
+    def left() -> None:
+        for a in c_pieces:
+            q = dtrsm(1.0, R, a.copy().T, side=0, lower=0, trans_a=1, overwrite_b=1)
+            q @ q.T
+
+    def blocked() -> None:
+        for a in f_pieces:
+            q = a.copy(order="F")
+            recursive(q, R)
+            q.T @ q
+
+    flops = m * (d + 2) ** 2  # a trsm of the block: m·d² multiply-adds
+    with threadpool_limits(1):
+        print(f"  R of [X 1 y] as linreg's tsqr makes it      {_ms(lambda: augmented_r_with_ones(X, y), 3)}")
+        print(f"  trsm (right side, F pieces) + Gram          {_ms(right, 3)}")
+        print(f"  trsm (left side, transposed C pieces) + Gram {_ms(left, 3)}")
+        print(f"  recursive blocked trsm + Gram               {_ms(blocked, 3)}")
+        t = timed(lambda: [dtrsm(1.0, R, a.copy(order="F"), side=1, lower=0, overwrite_b=1) for a in f_pieces], 3)
+        print(f"  trsm alone: {t.median * 1e3:.1f} ms, {flops / t.median / 1e9:.1f} GFLOP/s; "
+              f"GEMM {_gemm_rate():.1f} GFLOP/s")
+        print(f"  the normal equations' Gram XᵀX              {_ms(lambda: X.T @ X, 3)}")
+
+
+def _gemm_rate() -> float:
+    a = np.random.default_rng(1).standard_normal((2048, 2048))
+    t = timed(lambda: a @ a, 3)
+    return 2 * 2048**3 / t.median / 1e9
+
+
+def _quiet_ray_environment() -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_enable_metrics_collection", "0")
+
+
+def ray_stop(_: argparse.Namespace) -> None:
+    """A private Ray's ``ray.shutdown``, started as arrayjob starts one (no dashboard, 2 CPUs,
+    one round of tasks run), timed per process type: Ray stops them one after another, giving
+    each 1 s on SIGTERM. Three starts."""
+    _quiet_ray_environment()
+    import ray
+    import ray._private.worker as worker
+
+    for _ in range(3):
+        ray.init(include_dashboard=False, log_to_driver=False, num_cpus=2)
+        ray.get([ray.remote(lambda: 1).remote() for _ in range(2)])
+        node, times = worker._global_node, {}
+
+        def timed_kill(process_type: str, kill: Any = node._kill_process_impl, times: dict[str, float] = times,
+                       **kwargs: Any) -> None:
+            start = time.perf_counter()
+            kill(process_type, **kwargs)
+            times[process_type] = time.perf_counter() - start
+
+        node._kill_process_impl = timed_kill
+        start = time.perf_counter()
+        ray.shutdown()
+        total = time.perf_counter() - start
+        print(f"  shutdown {total:.3f} s: " + ", ".join(f"{k} {v:.3f}" for k, v in times.items()))
+
+
+def ray_start(_: argparse.Namespace) -> None:
+    """A private Ray's start to its first tasks: ``ray.init`` as arrayjob calls it, against
+    starting the head ``Node`` without the autoscaler monitor and the log monitor (which
+    ``ray.init`` cannot leave out) and joining it; wall time and the CPU of its processes.
+    Three of each, alternating."""
+    _quiet_ray_environment()
+    import psutil
+    import ray
+    import ray._private.node
+    import ray._private.parameter
+
+    def once(bare: bool) -> tuple[float, float]:
+        start, node = time.perf_counter(), None
+        if bare:
+            params = ray._private.parameter.RayParams(num_cpus=2, include_dashboard=False, no_monitor=True,
+                                                      include_log_monitor=False)
+            node = ray._private.node.Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True,
+                                          ray_init_cluster=True)
+            ray.init(address=node.address, log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=False, num_cpus=2)
+        ray.get([ray.remote(lambda: 1).remote() for _ in range(2)])
+        wall = time.perf_counter() - start
+        cpu = 0.0
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                times = child.cpu_times()
+                cpu += times.user + times.system
+        ray.shutdown()
+        if node is not None:
+            node.kill_all_processes(check_alive=False, allow_graceful=True)
+        return wall, cpu
+
+    for _ in range(3):
+        for bare in (False, True):
+            wall, cpu = once(bare)
+            name = "head Node, no monitors" if bare else "ray.init             "
+            print(f"  {name} {wall:.2f} s to the first tasks, its processes' CPU {cpu:.2f} s")
+
+
 COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-sizes": block_sizes,
             "peer-chunks": peer_chunks, "tsqr-block": tsqr_block, "kmeans-assign": kmeans_assign,
             "pagerank-build": pagerank_build, "pagerank-order": pagerank_order,
             "pagerank-iteration": pagerank_iteration, "store-pages": store_pages, "s3-block": s3_block, "s3-ops": s3_ops, "ray-returns": ray_returns,
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp, "kept-map": kept_map,
             "sparse-loop": sparse_loop, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans,
-            "parquet-bound": parquet_bound}
+            "parquet-bound": parquet_bound, "linreg-block": linreg_block, "ray-stop": ray_stop,
+            "ray-start": ray_start}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

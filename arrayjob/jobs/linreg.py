@@ -77,7 +77,7 @@ from arrayjob.api import (
     require_features_and_targets,
 )
 from arrayjob.jobs import elastic_net, sample_weights
-from arrayjob.jobs.normal_equations import REFINE_MAX_STEPS, FactoredNormalEquations
+from arrayjob.jobs.normal_equations import REFINE_MAX_STEPS, FactoredNormalEquations, quadratic
 from arrayjob.jobs.tsqr import (
     R_OF_STACK,
     Order,
@@ -267,7 +267,7 @@ class LinearRegression(Job):
                 coef = np.linalg.lstsq(system, xty, rcond=None)[0]
             intercept = (sy - sx @ coef) / total if p.fit_intercept else 0.0
             # ||Xw + b - y||² (weighted) from the sums: no second pass over X.
-            resid = (coef @ s["xtx"] @ coef + 2 * intercept * (sx @ coef) + total * intercept**2
+            resid = (quadratic(s["xtx"], sx, total, coef, intercept)
                      - 2 * (coef @ s["xty"] + intercept * sy) + float(s["sum_yy"]))
             objective = max(resid, 0.0) / (2 * total) + 0.5 * p.l2 * float(coef @ coef)
         attrs = self._attrs(objective, n, d, total)
@@ -284,7 +284,7 @@ class LinearRegression(Job):
         steps = 0
         if why is None:
             coef, intercept = system.solve(s["xty"], float(s["sum_y"]))
-            rss, previous = math.nan, math.inf
+            previous = math.inf
             while True:
                 values = {"v": coef, "b": intercept} if p.fit_intercept else {"v": coef}
                 r = ctx.session.compute(plan["refine"], values)
@@ -294,8 +294,9 @@ class LinearRegression(Job):
                 rss = float(r["rss"]) - 2 * (float(dc @ xtr) + db * sum_r) + system.quadratic(dc, db)
                 coef, intercept = coef + dc, intercept + db
                 steps += 1
-                ctx.metrics.iteration(steps, REFINE_MAX_STEPS, correction=float(np.linalg.norm(dc)))
-                size = math.hypot(float(np.linalg.norm(dc)), db)
+                correction = float(np.linalg.norm(dc))
+                ctx.metrics.iteration(steps, REFINE_MAX_STEPS, correction=correction)
+                size = math.hypot(correction, db)
                 if system.condition * size <= math.hypot(float(np.linalg.norm(coef)), intercept):
                     break  # what is left of the error is below u·κ: a backward-stable solver's
                 if steps == REFINE_MAX_STEPS or size > 0.5 * previous:

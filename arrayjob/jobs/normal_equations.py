@@ -43,7 +43,7 @@ class FactoredNormalEquations:
         before = np.diag(gram) + total * l2
         positive = diagonal > 0
         centring_loss = float(np.max(before[positive] / diagonal[positive], initial=1.0))
-        scale = 1.0 / np.sqrt(np.where(diagonal > 0, diagonal, 1.0))
+        scale = 1.0 / np.sqrt(np.where(positive, diagonal, 1.0))
         factor, condition = None, math.inf
         try:
             factor = scipy.linalg.cho_factor(system * scale[:, None] * scale[None, :])
@@ -74,4 +74,9 @@ class FactoredNormalEquations:
 
     def quadratic(self, coef: np.ndarray, intercept: float) -> float:
         """‖[X 1] δ‖² (weighted) for δ = (coef, intercept), from the sums."""
-        return float(coef @ self.gram @ coef) + 2 * intercept * float(self.sum_x @ coef) + self.total * intercept**2
+        return quadratic(self.gram, self.sum_x, self.total, coef, intercept)
+
+
+def quadratic(gram: np.ndarray, sum_x: np.ndarray, total: float, coef: np.ndarray, intercept: float) -> float:
+    """‖X·coef + intercept‖² (weighted) from XᵀWX, XᵀW1 and 1ᵀW1, without a pass over X."""
+    return float(coef @ gram @ coef) + 2 * intercept * float(sum_x @ coef) + total * intercept**2
