@@ -18,6 +18,7 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py logistic-exp   # libm vs inlined exp/log1p in the logistic row loop
     .venv/bin/python benchmarks/bench_micro.py kept-map       # a kept CSR block mapped from the spill vs in memory (no data needed)
     .venv/bin/python benchmarks/bench_micro.py sparse-loop    # the logistic row loop over a CSR and a CSC block vs SciPy's products (no data needed; --rows)
+    .venv/bin/python benchmarks/bench_micro.py sparse-floor   # issue 24's logreg evaluation and k-means step at full size, no Ray: SciPy's and arrayjob's kernels on 1 and 2 threads vs the read and scikit-learn (no data needed; --rows)
     .venv/bin/python benchmarks/bench_micro.py sparse-kmeans  # k-means' step over a CSR block: the loop vs SciPy's products (no data needed; --rows)
     .venv/bin/python benchmarks/bench_micro.py linreg-block   # linreg's R-only TSQR of one [X 1 y] block, its parts, vs the normal equations' Gram (no data needed)
     .venv/bin/python benchmarks/bench_micro.py ray-stop       # a private Ray's shutdown, timed per process type, as ray.init starts it (no data needed)
@@ -777,7 +778,7 @@ def sparse_loop(args: argparse.Namespace) -> None:
     from arrayjob import lazy as la
     from arrayjob.kernels.block_kernel import CompiledPrograms
 
-    n, per_row = args.rows, 30
+    n, per_row = args.rows or 1_000_000, 30
     print(f"  {os.cpu_count()} cores (shared), 1 thread; {n:,} rows, {per_row} non-zeros a row")
     for d in (2**20, 2**17):
         rng = np.random.default_rng(0)
@@ -829,6 +830,138 @@ def sparse_loop(args: argparse.Namespace) -> None:
         del X, indices, program
 
 
+def sparse_floor(args: argparse.Namespace) -> None:
+    """Issue 24's logreg evaluation, then its k-means step (``_sparse_kmeans_floor``), at their full size (``--rows``, default 10,000,000 × 2^20, 30
+    non-zeros a row, float64 values, int32 indices, in the 500,000-row blocks the job reads),
+    without Ray: what the fastest kernels at hand take over all of X, on 1 thread and on this
+    machine's 2 cores (each thread half the blocks), against one read of the CSR bytes and
+    scikit-learn's ``loss_gradient`` (what LogisticRegression(solver="lbfgs") calls per
+    evaluation). The kernels: SciPy's ``X @ w`` then ``X.T @ r`` on the CSR blocks (its C++
+    loops; sparsetools releases the GIL), and arrayjob's compiled block program (loss, gradient,
+    its sum) on the blocks as the job holds them at this width, CSC. Best of 3 after a warm-up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import scipy.sparse
+    from sklearn._loss.loss import HalfBinomialLoss
+    from sklearn.linear_model._linear_loss import LinearModelLoss
+    from threadpoolctl import threadpool_limits
+
+    from arrayjob import lazy as la
+    from arrayjob.kernels.block_kernel import CompiledPrograms
+
+    n, d, per_row, block = args.rows or 10_000_000, 2**20, 30, 500_000
+    rng = np.random.default_rng(0)
+    started = time.perf_counter()
+    blocks = []
+    for lo in range(0, n, block):
+        rows = min(block, n - lo)  # distinct sorted columns per row, as arrayjob datagen writes them
+        cols = (np.sort(rng.integers(0, d - per_row + 1, (rows, per_row), dtype=np.int32), axis=1)
+                + np.arange(per_row, dtype=np.int32)).ravel()
+        blocks.append(scipy.sparse.csr_matrix((rng.standard_normal(rows * per_row), cols,
+                                               np.arange(0, rows * per_row + 1, per_row, dtype=np.int32)),
+                                              shape=(rows, d)))
+    X = scipy.sparse.vstack(blocks, format="csr")
+    y, w, b = (rng.random(n) < 0.5) * 1.0, 0.01 * rng.standard_normal(d), 0.1
+    stored = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
+    print(f"  {os.cpu_count()} cores; X {n:,} × 2^20, {per_row} a row, {stored / 1e9:.2f} GB of CSR in "
+          f"{len(blocks)} blocks of {block:,} rows (made in {time.perf_counter() - started:.0f} s)")
+
+    def best(fn) -> float:  # type: ignore[no-untyped-def]
+        fn()
+        runs = []
+        for _ in range(3):
+            began = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - began)
+        return min(runs)
+
+    def over_blocks(kernel, items, threads: int):  # type: ignore[no-untyped-def]
+        def run() -> None:
+            with ThreadPoolExecutor(threads) as pool:  # each thread a contiguous half of the blocks
+                halves = [items[i::threads] for i in range(threads)]
+                list(pool.map(lambda part: [kernel(item) for item in part], halves))
+        return run
+
+    def read() -> None:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda a: a.sum(), (X.data, X.indices)))
+
+    floor = best(read)
+    print(f"    one read of the CSR bytes, 2 threads        {floor:7.3f} s ({stored / floor / 1e9:.1f} GB/s)")
+    ys = np.split(y, np.cumsum([blk.shape[0] for blk in blocks])[:-1])
+    x, yv, wv, bv = la.value("X", (block, d)), la.value("y", (block,)), la.value("w", (d,)), la.value("b", ())
+    sign = 2.0 * yv - 1.0
+    margin = sign * (x @ wv + bv)
+    dz = -sign * la.sigmoid(-margin)
+    graph = la.capture([la.sum(la.logaddexp(0.0, -margin)), x.T @ dz, la.sum(dz)])
+    kernel = _block_kernel(graph)
+    with threadpool_limits(1):
+        for threads in (1, 2):
+            seconds = best(over_blocks(lambda blk: blk.T @ (blk @ w), blocks, threads))
+            print(f"    SciPy X @ w, X.T @ r, {threads} thread{'s' if threads > 1 else ' '}          {seconds:7.3f} s "
+                  f"({seconds / floor:.1f}× the read)")
+        held = [tuple({"X": blk.tocsc(), "y": yb, "w": w, "b": np.float64(b)}[node.attrs.name]
+                      for node in graph.nodes if node.op == "value") for blk, yb in zip(blocks, ys, strict=True)]
+        del blocks
+        programs = CompiledPrograms()
+        for threads in (1, 2):
+            seconds = best(over_blocks(lambda vals: programs.get(kernel, vals)(vals), held, threads))
+            print(f"    arrayjob's block program (CSC), {threads} thread{'s' if threads > 1 else ' '} {seconds:7.3f} s "
+                  f"({seconds / floor:.1f}× the read)")
+        del held
+    loss = LinearModelLoss(HalfBinomialLoss(), fit_intercept=True)
+    coef = np.r_[w, b]
+    seconds = best(lambda: loss.loss_gradient(coef, X, y, l2_reg_strength=1e-4, n_threads=2))
+    print(f"    scikit-learn loss_gradient (2 threads)      {seconds:7.3f} s; half of it {seconds / 2:.3f} s "
+          f"(issue 24's target), twice the read {2 * floor:.3f} s")
+    _sparse_kmeans_floor(best, over_blocks)
+
+
+def _sparse_kmeans_floor(best, over_blocks) -> None:  # type: ignore[no-untyped-def]
+    """``sparse-floor``'s k-means half: one Lloyd step at issue 24's full size (2,000,000 × 2^16,
+    30 a row, k = 16, 500,000-row blocks): arrayjob's loop over the non-zeros (its scores,
+    argmin and sums per block) on 1 and 2 threads against scikit-learn's lloyd iteration (its
+    Cython over CSR, OpenMP on 2 threads: fit() of 10 iterations / 10) and one read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import scipy.sparse
+    from sklearn.cluster import KMeans
+
+    from arrayjob.kernels import loops
+    from arrayjob.kernels.row_layouts import CSRRows
+
+    n, d, k, per_row, block = 2_000_000, 2**16, 16, 30, 500_000
+    rng = np.random.default_rng(1)
+    cols = (np.sort(rng.integers(0, d - per_row + 1, (n, per_row), dtype=np.int32), axis=1)
+            + np.arange(per_row, dtype=np.int32)).ravel()
+    X = scipy.sparse.csr_matrix((rng.standard_normal(n * per_row), cols,
+                                 np.arange(0, n * per_row + 1, per_row, dtype=np.int32)), shape=(n, d))
+    C = X[rng.choice(n, k, replace=False)].toarray()
+    CT, a, ids = np.ascontiguousarray(C.T), (C * C).sum(axis=1), np.arange(k, dtype=np.float64)
+    blocks = [X[lo: lo + block] for lo in range(0, n, block)]
+    print(f"  X {n:,} × 2^16, {per_row} a row, k = {k}, {len(blocks)} blocks of {block:,} rows")
+
+    def read() -> None:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda v: v.sum(), (X.data, X.indices)))
+
+    floor = best(read)
+    print(f"    one read of the CSR bytes, 2 threads        {floor:7.3f} s")
+
+    def step(held):  # type: ignore[no-untyped-def]
+        return loops.nearest_group_sums_csr(*held, CT, a, 2.0, ids)
+
+    held = [CSRRows().arguments(blk) for blk in blocks]  # the loop's arguments as the job passes them
+    for threads in (1, 2):
+        seconds = best(over_blocks(step, held, threads))
+        print(f"    arrayjob's loop (one visit), {threads} thread{'s' if threads > 1 else ' '}    {seconds:7.3f} s")
+    iterations = 10
+    seconds = best(lambda: KMeans(n_clusters=k, init=C, n_init=1, algorithm="lloyd", max_iter=iterations,
+                                  tol=0).fit(X)) / iterations
+    print(f"    scikit-learn lloyd (2 threads), an iteration {seconds:7.3f} s; half of it {seconds / 2:.3f} s "
+          f"(issue 24's target)")
+
+
 def sparse_kmeans(args: argparse.Namespace) -> None:
     """K-means' step (``jobs.kmeans.kmeans_program``, sparse: centroids held as (d, k)) on one
     CSR block of ``--rows`` rows (default 1,000,000; the benchmark's 100,000-row chunks at full
@@ -842,7 +975,7 @@ def sparse_kmeans(args: argparse.Namespace) -> None:
     from arrayjob.jobs.kmeans import centroid_values, kmeans_program
     from arrayjob.kernels import compiler
 
-    n, d, k, per_row = args.rows, 2**16, 16, 30
+    n, d, k, per_row = args.rows or 1_000_000, 2**16, 16, 30
     rng = np.random.default_rng(0)
     X = scipy.sparse.csr_matrix((rng.standard_normal(n * per_row), rng.integers(0, d, n * per_row).astype(np.int32),
                                  np.arange(0, n * per_row + 1, per_row)), shape=(n, d))
@@ -1111,14 +1244,14 @@ COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-siz
             "pagerank-build": pagerank_build, "pagerank-order": pagerank_order,
             "pagerank-iteration": pagerank_iteration, "store-pages": store_pages, "s3-block": s3_block, "s3-ops": s3_ops, "ray-returns": ray_returns,
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp, "kept-map": kept_map,
-            "sparse-loop": sparse_loop, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans,
+            "sparse-loop": sparse_loop, "sparse-floor": sparse_floor, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans,
             "parquet-bound": parquet_bound, "linreg-block": linreg_block, "ray-stop": ray_stop,
             "ray-start": ray_start}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
-    parser.add_argument("--rows", type=int, default=1_000_000, help="sparse-loop, sparse-kmeans: rows of the block")
+    parser.add_argument("--rows", type=int, default=None, help="sparse-loop, sparse-kmeans: rows of the block; sparse-floor: rows of X (default 10,000,000)")
     parser.add_argument("--parquet", type=Path, default=HERE.parent / ".arrayjob" / "bench" / "parquet" / "full",
                         help="parquet-bound: benchmarks/parquet.py's data directory of one size")
     parser.add_argument("--preallocate", action="store_true",

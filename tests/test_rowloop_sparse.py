@@ -15,6 +15,7 @@ from arrayjob import lazy as la
 from arrayjob.kernels import compiler, rowloop
 from arrayjob.kernels.block_kernel import CompiledPrograms
 from arrayjob.kernels.row_layouts import CSCColumns, CSRRows, DenseRows
+from arrayjob.planner.ops import Einsum
 from tests.helpers import block_kernel
 
 N, D, PER_ROW = 5000, 20_000, 20
@@ -301,6 +302,35 @@ def test_the_nearest_centroid_of_csr_rows_matches_scipy(transposed, monkeypatch)
     np.testing.assert_array_equal(program(args)[0], kernels.interpret(kernel, *args))
 
 
+@pytest.mark.parametrize("index", ["int32", "int64"])
+def test_the_kmeans_final_pass_over_csr_is_one_loop_and_matches_scipy(index, monkeypatch):
+    """Labels and inertia (``jobs.kmeans.kmeans_program(final=True)`` on a sparse X): the
+    nearest centroid and each row's least score come from one loop, no n × k scores."""
+    from arrayjob.jobs.kmeans import centroid_values, kmeans_program
+
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    n, d, k = 3001, 400, 5
+    X = _integer_csr(n, d, index, seed=11)
+    C = np.random.default_rng(6).integers(-2, 3, (k, d)).astype(float)
+    C[4] = C[2]  # equal centroids: every tie goes to the first
+    outputs = kmeans_program(la.value("X", (n, d)), k, final=True, sparse=True)
+    values = {"X": X, **centroid_values(C, transposed=True), "cluster_ids": np.arange(k, dtype=float)}
+    kernel, args = block_kernel(list(outputs.values()), values)
+    program = compiler.Program(kernel, args)
+    assert [len(p.parts) for p in program.packed] == [2]  # the labels and the least scores
+    readers = [op for op in program.ops if any(s in program.sparse for s in op.inputs)]
+    assert len(readers) == 2  # the loop and Σ x², no SciPy product
+    assert not any(op.attrs == Einsum("ij,jk->ik") for op in program.ops)  # the scores are never made
+    got, want = program(args), kernels.interpret(kernel, *args)  # interpreted: SciPy's products
+    got, want = dict(zip(outputs, got, strict=True)), dict(zip(outputs, want, strict=True))
+    inertia, labels = got["inertia"], got["labels"]
+    np.testing.assert_array_equal(labels, want["labels"])
+    assert labels.dtype == want["labels"].dtype
+    assert float(inertia) == float(want["inertia"])  # integer data: exact in any order
+    dense = X.toarray()
+    assert float(inertia) == ((dense[:, None, :] - C[None]) ** 2).sum(-1).min(1).sum()
+
+
 def test_the_csr_loops_read_a_block_that_starts_inside_its_arrays():
     """A row block cut from a chunk without copying: its row pointers start past 0 and index
     into the chunk's whole data and indices."""
@@ -335,3 +365,20 @@ def test_a_csc_block_gets_no_csr_loop(monkeypatch):
     assert not program.csr and not program.packed
     for g, w in zip(program(args), kernels.interpret(kernel, *args), strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+def test_a_map_of_a_sparse_block_is_of_its_elements_and_shares_a_canonical_structure():
+    """X * X and |X| over the non-zeros: a block with repeated entries (summed, as SciPy reads
+    them) is mapped after the sum; a canonical one keeps its index arrays, uncopied."""
+    from arrayjob.kernels import sparse as block_steps
+
+    repeated = sp.csr_matrix((np.array([-1.0, 2.0, 3.0]), np.array([1, 1, 0]), np.array([0, 2, 3])), shape=(2, 3))
+    assert not repeated.has_canonical_format
+    np.testing.assert_array_equal(block_steps._map("multiply", [repeated, repeated]).toarray(), repeated.toarray() ** 2)
+    np.testing.assert_array_equal(block_steps._map("abs", [repeated]).toarray(), np.abs(repeated.toarray()))
+    assert repeated.nnz == 3  # the block itself untouched
+    canonical = _integer_csr(50, 20, "int32").tocsr()
+    canonical.sum_duplicates()
+    squared = block_steps._map("multiply", [canonical, canonical])
+    np.testing.assert_array_equal(squared.toarray(), canonical.toarray() ** 2)
+    assert np.shares_memory(squared.indices, canonical.indices) and np.shares_memory(squared.indptr, canonical.indptr)

@@ -195,6 +195,22 @@ def nearest_rows_csr(Xd, Xi, Xp, CT, a, scale):
     return out
 
 
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})
+def nearest_rows_min_csr(Xd, Xi, Xp, CT, a, scale):
+    """``nearest_rows_csr`` and each row's least score (the score of its label: NaN where
+    NumPy's argmin picks a NaN, as ``min`` gives), packed as (n, 2) floats: k-means' final
+    pass, whose inertia sums the least scores, in one visit and with no n × k scores."""
+    n = Xp.shape[0] - 1
+    out = np.zeros((n, 2))
+    scores = np.empty(CT.shape[1])
+    for i in range(n):
+        _csr_scores(Xd, Xi, Xp, i, CT, a, scale, scores)
+        best = _argmin(scores)
+        out[i, 0] = best
+        out[i, 1] = scores[best]
+    return out
+
+
 @numba.njit(cache=True, nogil=True)
 def group_sum_csr(labels, ids, Xd, Xi, Xp, d):
     """``group_sum`` over a CSR block: Σ over rows i with labels[i] == ids[j] of X[i], (k, d)."""

@@ -29,7 +29,9 @@ it holds as CSR): the nearest rows, the group sums and k-means' packed step then
 same loops over X's non-zeros only (``loops.*_csr``, SystemML's Row template over sparse rows):
 per row, ``x·c`` for every c gathers k contiguous floats per non-zero from C held transposed
 (d, k), and its values are added into its group's sums in the same visit. No n × k scores,
-no one-hot matrix and no SciPy product. A job that knows X is sparse binds the centroids
+no one-hot matrix and no SciPy product; k-means' final pass (labels, and the least score of
+each row for the inertia) is one such loop too (``_nearest_and_least``). A job that knows X
+is sparse binds the centroids
 transposed (``jobs.kmeans.nearest_centroid``, ``X @ Cᵀ`` as ``einsum("ij,jk->ik")``); given as
 (k, d) they are transposed per call.
 
@@ -143,6 +145,7 @@ def packed(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[tuple[int, .
     if not nearest:  # nothing to pack: no numba import in this process (see LOOP_MIN_BYTES)
         return []
     loops, packs, taken = _loops(), [], set()
+    packs.extend(_nearest_and_least(kernel, found, shapes, loops))
     for i, r in found.items():
         if r.loop != "group_sum" or r.inputs[0] not in nearest or nearest[r.inputs[0]].inputs[0] != r.inputs[2]:
             continue
@@ -157,6 +160,46 @@ def packed(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[tuple[int, .
         subscripts = "rm,mc,c,k->kM" if near.transposed else "rm,cm,c,k->kM"
         packs.append(Packed((x, c, a, ids), subscripts, run, (shapes[ids][0], d + 1), parts))
     return packs
+
+
+def _nearest_and_least(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[tuple[int, ...]],
+                       loops: Any) -> list[Packed]:
+    """The nearest rows of C over a CSR X and the least score of each row, when the program
+    wants both (k-means' final pass: its labels, and an inertia that sums the least scores):
+    one loop (``loops.nearest_rows_min_csr``) gives [label | least score] per row, and the
+    n × k scores are never made. Over a 500,000-row block of 2^16 columns, k = 16, the
+    scores as a SciPy product with their argmin and min took 230 ms in a task."""
+    packs: list[Packed] = []
+    for i, r in found.items():
+        if r.loop != "nearest_rows" or not r.csr:
+            continue
+        source = kernel.steps[i].inputs[0]
+        least = [j for j, step in enumerate(kernel.steps)
+                 if step.inputs == (source,) and step.attrs in (Reduce("min", (1,), False), Reduce("min", (1,), True))]
+        if not least:
+            continue
+        n = shapes[source][0]
+        parts: dict[int, Callable[[Any], Any]] = {i: _labels_of}
+        parts.update({j: functools.partial(_least_of, kernel.steps[j].attrs.keepdims) for j in least})
+        x, c, a = r.inputs
+        run = functools.partial(_nearest_rows_min, loops, (x, c, a), r.scale, r.transposed)
+        packs.append(Packed(r.inputs, "rm,mc,c->rz" if r.transposed else "rm,cm,c->rz", run, (n, 2), parts))
+    return packs
+
+
+def _nearest_rows_min(loops: Any, slots: tuple[int, int, int], scale: float, transposed: bool, vals: list[Any]) -> Any:
+    x, c, a = slots
+    C, offsets = _centroids(vals[c], transposed, True), np.ascontiguousarray(vals[a], dtype=np.float64)
+    Xd, Xi, Xp, _ = CSRRows().arguments(vals[x])
+    return loops.nearest_rows_min_csr(Xd, Xi, Xp, C, offsets, scale)
+
+
+def _labels_of(packed: Any) -> Any:
+    return packed[:, :1].astype(np.int64)
+
+
+def _least_of(keepdims: bool, packed: Any) -> Any:
+    return packed[:, 1:2].copy() if keepdims else packed[:, 1].copy()
 
 
 def _one_hot(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str],
