@@ -248,6 +248,7 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
             if watchdog is not None:
                 _tell_session(watchdog)
                 watch = PrivateRayWatch(private_processes(), before_exit=before_exit)
+                prints.callback(watch.release)  # last: once the prints are no longer muted
                 prints.enter_context(redirect_stdout(watch.quiet_once_lost(sys.stdout)))
             with _ray_failures(watch):
                 info = describe()

@@ -14,6 +14,9 @@ from typing import Any, TextIO, cast
 
 from arrayjob.errors import ClusterError
 
+# How Ray's driver prints a raylet's unexpected death (ray._private.process_watcher)
+RAYLET_DEATH = "Raylet is terminated. Termination is unexpected."
+
 
 def private_processes() -> dict[str, int]:
     """The pids of the GCS and raylet of the Ray started in this process."""
@@ -53,6 +56,7 @@ class PrivateRayWatch:
                 continue
         self._wake_r, self._wake_w = os.pipe()
         self._closed = threading.Event()
+        self._released = False
         self._thread = threading.Thread(target=self._watch, name="arrayjob-ray-watch", daemon=True)
         self._thread.start()
 
@@ -61,12 +65,21 @@ class PrivateRayWatch:
 
     def has_lost_one(self) -> bool:
         """Whether the GCS or raylet is dead now, asked of the kernel (not of the watch thread,
-        which may not have woken up yet); once the watch is closed, whether it was then."""
-        if self.lost is not None:
-            return True
-        if self._closed.is_set():
+        which may not have woken up yet), until ``release``; after it, whether it was then."""
+        if self.lost is None and not self._released:
+            self.lost = self._dead_now()
+        return self.lost is not None
+
+    def reported(self, text: str) -> bool:
+        """Whether ``text`` is Ray's account of this Ray's raylet dying (its dashboard agent
+        reads the raylet's end of a pipe, which closes as the process dies, and publishes it;
+        that can reach the driver before the kernel reports the process gone): if so, the
+        raylet is recorded as lost, as the watch would have."""
+        if RAYLET_DEATH not in text:
             return False
-        return self._dead_now() is not None
+        if self.lost is None:
+            self.lost = next((name for name in self._fds.values() if name.startswith("raylet")), "raylet")
+        return True
 
     def _dead_now(self) -> str | None:
         with suppress(OSError, ValueError):
@@ -100,14 +113,23 @@ class PrivateRayWatch:
         return cast(TextIO, _MuteOnceLost(stream, self))
 
     def close(self) -> None:
-        """Stop watching. A death the kernel already knows of is recorded even if the watch
-        thread has not woken up for it (the job's own error may have come first): the shutdown
-        must not wait for the dead process, and what Ray prints about it stays muted."""
+        """Stop watching (the job is ending). A death the kernel already knows of is recorded
+        even if the watch thread has not woken up for it (the job's own error may have come
+        first): the shutdown must not wait for the dead process. The processes stay asked
+        about (``has_lost_one``) until ``release``: a raylet killed outright closes its
+        sockets, which fails the job, a moment before the kernel reports it dead, and Ray's
+        account of its death may arrive during the shutdown that follows."""
         if self.lost is None:
             self.lost = self._dead_now()
         self._closed.set()
         os.write(self._wake_w, b"x")
         self._thread.join()
+
+    def release(self) -> None:
+        """Close the pidfds (after ``close``, once nothing of Ray prints any more)."""
+        if self._released:
+            return
+        self._released = True
         for fd in [*self._fds, self._wake_r, self._wake_w]:
             os.close(fd)
 
@@ -127,7 +149,7 @@ class _MuteOnceLost(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        if not self._watch.has_lost_one():
+        if not (self._watch.has_lost_one() or self._watch.reported(text)):
             self._stream.write(text)
         return len(text)
 
