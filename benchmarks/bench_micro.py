@@ -22,6 +22,8 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py sparse-kmeans  # k-means' step over a CSR block: the loop vs SciPy's products (no data needed; --rows)
     .venv/bin/python benchmarks/bench_micro.py linreg-block   # linreg's R-only TSQR of one [X 1 y] block, its parts, vs the normal equations' Gram (no data needed)
     .venv/bin/python benchmarks/bench_micro.py ray-stop       # a private Ray's shutdown, timed per process type, as ray.init starts it (no data needed)
+    .venv/bin/python benchmarks/bench_micro.py timeline --spec SPEC.toml [--set key=value]  # a job's tasks from Ray's timeline: per kind, count and least/median/most
+    .venv/bin/python benchmarks/bench_micro.py cpu-busy --run "make test"  # how busy the cores are while a command runs (/proc/stat every 5 s)
     .venv/bin/python benchmarks/bench_micro.py ray-start      # ray.init vs the head Node without monitor and log monitor (no data needed)
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -831,16 +834,24 @@ def sparse_loop(args: argparse.Namespace) -> None:
 
 
 def sparse_floor(args: argparse.Namespace) -> None:
-    """Issue 24's logreg evaluation, then its k-means step (``_sparse_kmeans_floor``), at their full size (``--rows``, default 10,000,000 × 2^20, 30
-    non-zeros a row, float64 values, int32 indices, in the 500,000-row blocks the job reads),
-    without Ray: what the fastest kernels at hand take over all of X, on 1 thread and on this
-    machine's 2 cores (each thread half the blocks), against one read of the CSR bytes and
-    scikit-learn's ``loss_gradient`` (what LogisticRegression(solver="lbfgs") calls per
-    evaluation). The kernels: SciPy's ``X @ w`` then ``X.T @ r`` on the CSR blocks (its C++
-    loops; sparsetools releases the GIL), and arrayjob's compiled block program (loss, gradient,
-    its sum) on the blocks as the job holds them at this width, CSC. Best of 3 after a warm-up."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Issue 24's logreg evaluation (``_sparse_logreg_floor``), then its k-means step
+    (``_sparse_kmeans_floor``), without Ray."""
+    _sparse_logreg_floor(args.rows or 10_000_000)
+    _sparse_kmeans_floor()
 
+
+def _sparse_logreg_floor(n: int) -> None:
+    """Issue 24's logreg evaluation at its
+    full size (``n`` rows, by ``--rows``, default 10,000,000 × 2^20, 30 non-zeros a row, float64 values, int32
+    indices, in the 500,000-row blocks the job reads), without Ray: what the fastest kernels at
+    hand take over all of X, on 1 thread and on this machine's 2 cores (the blocks dealt out
+    between the threads), against one read of the CSR bytes and scikit-learn's
+    ``loss_gradient`` (what LogisticRegression(solver="lbfgs") calls per evaluation). The
+    kernels: SciPy's ``X @ w`` then ``X.T @ r`` on the CSR blocks (its C++ loops; sparsetools
+    releases the GIL), and arrayjob's compiled block program (loss, gradient, its sum) on the
+    blocks as the job holds them at this width, CSC. Then ``X @ w`` over one block, SciPy
+    against the same loop compiled by numba with int32 and int64 indices. Best of 3 after a
+    warm-up."""
     import scipy.sparse
     from sklearn._loss.loss import HalfBinomialLoss
     from sklearn.linear_model._linear_loss import LinearModelLoss
@@ -849,44 +860,16 @@ def sparse_floor(args: argparse.Namespace) -> None:
     from arrayjob import lazy as la
     from arrayjob.kernels.block_kernel import CompiledPrograms
 
-    n, d, per_row, block = args.rows or 10_000_000, 2**20, 30, 500_000
+    d, per_row, block = 2**20, 30, 500_000
     rng = np.random.default_rng(0)
     started = time.perf_counter()
-    blocks = []
-    for lo in range(0, n, block):
-        rows = min(block, n - lo)  # distinct sorted columns per row, as arrayjob datagen writes them
-        cols = (np.sort(rng.integers(0, d - per_row + 1, (rows, per_row), dtype=np.int32), axis=1)
-                + np.arange(per_row, dtype=np.int32)).ravel()
-        blocks.append(scipy.sparse.csr_matrix((rng.standard_normal(rows * per_row), cols,
-                                               np.arange(0, rows * per_row + 1, per_row, dtype=np.int32)),
-                                              shape=(rows, d)))
+    blocks = [_distinct_csr(rng, min(block, n - lo), d, per_row) for lo in range(0, n, block)]
     X = scipy.sparse.vstack(blocks, format="csr")
     y, w, b = (rng.random(n) < 0.5) * 1.0, 0.01 * rng.standard_normal(d), 0.1
     stored = X.data.nbytes + X.indices.nbytes + X.indptr.nbytes
     print(f"  {os.cpu_count()} cores; X {n:,} × 2^20, {per_row} a row, {stored / 1e9:.2f} GB of CSR in "
           f"{len(blocks)} blocks of {block:,} rows (made in {time.perf_counter() - started:.0f} s)")
-
-    def best(fn) -> float:  # type: ignore[no-untyped-def]
-        fn()
-        runs = []
-        for _ in range(3):
-            began = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - began)
-        return min(runs)
-
-    def over_blocks(kernel, items, threads: int):  # type: ignore[no-untyped-def]
-        def run() -> None:
-            with ThreadPoolExecutor(threads) as pool:  # each thread a contiguous half of the blocks
-                halves = [items[i::threads] for i in range(threads)]
-                list(pool.map(lambda part: [kernel(item) for item in part], halves))
-        return run
-
-    def read() -> None:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda a: a.sum(), (X.data, X.indices)))
-
-    floor = best(read)
+    floor = _csr_read(X)
     print(f"    one read of the CSR bytes, 2 threads        {floor:7.3f} s ({stored / floor / 1e9:.1f} GB/s)")
     ys = np.split(y, np.cumsum([blk.shape[0] for blk in blocks])[:-1])
     x, yv, wv, bv = la.value("X", (block, d)), la.value("y", (block,)), la.value("w", (d,)), la.value("b", ())
@@ -897,34 +880,34 @@ def sparse_floor(args: argparse.Namespace) -> None:
     kernel = _block_kernel(graph)
     with threadpool_limits(1):
         for threads in (1, 2):
-            seconds = best(over_blocks(lambda blk: blk.T @ (blk @ w), blocks, threads))
+            seconds = _best(_over_blocks(lambda blk: blk.T @ (blk @ w), blocks, threads))
             print(f"    SciPy X @ w, X.T @ r, {threads} thread{'s' if threads > 1 else ' '}          {seconds:7.3f} s "
                   f"({seconds / floor:.1f}× the read)")
+        one = blocks[0]
+        print(f"    one block's X @ w, 1 thread: SciPy {_best(functools.partial(one.__matmul__, w)) * 1e3:.1f} ms, "
+              f"a numba loop with int32 indices {_best(_numba_gather(one, w, np.int32)) * 1e3:.1f} ms, int64 "
+              f"{_best(_numba_gather(one, w, np.int64)) * 1e3:.1f} ms")
         held = [tuple({"X": blk.tocsc(), "y": yb, "w": w, "b": np.float64(b)}[node.attrs.name]
                       for node in graph.nodes if node.op == "value") for blk, yb in zip(blocks, ys, strict=True)]
         del blocks
         programs = CompiledPrograms()
         for threads in (1, 2):
-            seconds = best(over_blocks(lambda vals: programs.get(kernel, vals)(vals), held, threads))
+            seconds = _best(_over_blocks(lambda vals: programs.get(kernel, vals)(vals), held, threads))
             print(f"    arrayjob's block program (CSC), {threads} thread{'s' if threads > 1 else ' '} {seconds:7.3f} s "
                   f"({seconds / floor:.1f}× the read)")
         del held
     loss = LinearModelLoss(HalfBinomialLoss(), fit_intercept=True)
     coef = np.r_[w, b]
-    seconds = best(lambda: loss.loss_gradient(coef, X, y, l2_reg_strength=1e-4, n_threads=2))
+    seconds = _best(lambda: loss.loss_gradient(coef, X, y, l2_reg_strength=1e-4, n_threads=2))
     print(f"    scikit-learn loss_gradient (2 threads)      {seconds:7.3f} s; half of it {seconds / 2:.3f} s "
           f"(issue 24's target), twice the read {2 * floor:.3f} s")
-    _sparse_kmeans_floor(best, over_blocks)
 
 
-def _sparse_kmeans_floor(best, over_blocks) -> None:  # type: ignore[no-untyped-def]
+def _sparse_kmeans_floor() -> None:
     """``sparse-floor``'s k-means half: one Lloyd step at issue 24's full size (2,000,000 × 2^16,
     30 a row, k = 16, 500,000-row blocks): arrayjob's loop over the non-zeros (its scores,
     argmin and sums per block) on 1 and 2 threads against scikit-learn's lloyd iteration (its
     Cython over CSR, OpenMP on 2 threads: fit() of 10 iterations / 10) and one read."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import scipy.sparse
     from sklearn.cluster import KMeans
 
     from arrayjob.kernels import loops
@@ -932,70 +915,115 @@ def _sparse_kmeans_floor(best, over_blocks) -> None:  # type: ignore[no-untyped-
 
     n, d, k, per_row, block = 2_000_000, 2**16, 16, 30, 500_000
     rng = np.random.default_rng(1)
-    cols = (np.sort(rng.integers(0, d - per_row + 1, (n, per_row), dtype=np.int32), axis=1)
-            + np.arange(per_row, dtype=np.int32)).ravel()
-    X = scipy.sparse.csr_matrix((rng.standard_normal(n * per_row), cols,
-                                 np.arange(0, n * per_row + 1, per_row, dtype=np.int32)), shape=(n, d))
+    X = _distinct_csr(rng, n, d, per_row)
     C = X[rng.choice(n, k, replace=False)].toarray()
     CT, a, ids = np.ascontiguousarray(C.T), (C * C).sum(axis=1), np.arange(k, dtype=np.float64)
-    blocks = [X[lo: lo + block] for lo in range(0, n, block)]
-    print(f"  X {n:,} × 2^16, {per_row} a row, k = {k}, {len(blocks)} blocks of {block:,} rows")
-
-    def read() -> None:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda v: v.sum(), (X.data, X.indices)))
-
-    floor = best(read)
-    print(f"    one read of the CSR bytes, 2 threads        {floor:7.3f} s")
-
-    def step(held):  # type: ignore[no-untyped-def]
-        return loops.nearest_group_sums_csr(*held, CT, a, 2.0, ids)
-
-    held = [CSRRows().arguments(blk) for blk in blocks]  # the loop's arguments as the job passes them
+    held = [CSRRows().arguments(X[lo: lo + block]) for lo in range(0, n, block)]  # as the job passes them
+    print(f"  X {n:,} × 2^16, {per_row} a row, k = {k}, {len(held)} blocks of {block:,} rows")
+    print(f"    one read of the CSR bytes, 2 threads        {_csr_read(X):7.3f} s")
     for threads in (1, 2):
-        seconds = best(over_blocks(step, held, threads))
+        seconds = _best(_over_blocks(lambda args: loops.nearest_group_sums_csr(*args, CT, a, 2.0, ids), held, threads))
         print(f"    arrayjob's loop (one visit), {threads} thread{'s' if threads > 1 else ' '}    {seconds:7.3f} s")
     iterations = 10
-    seconds = best(lambda: KMeans(n_clusters=k, init=C, n_init=1, algorithm="lloyd", max_iter=iterations,
-                                  tol=0).fit(X)) / iterations
+    seconds = _best(lambda: KMeans(n_clusters=k, init=C, n_init=1, algorithm="lloyd", max_iter=iterations,
+                                   tol=0).fit(X)) / iterations
     print(f"    scikit-learn lloyd (2 threads), an iteration {seconds:7.3f} s; half of it {seconds / 2:.3f} s "
           f"(issue 24's target)")
 
 
+def _distinct_csr(rng: np.random.Generator, rows: int, d: int, per_row: int) -> Any:
+    """A CSR matrix of ``rows`` × ``d`` with ``per_row`` distinct, sorted columns a row and
+    normal values, as ``arrayjob datagen --nnz-per-row`` writes it (int32 indices)."""
+    import scipy.sparse
+
+    cols = (np.sort(rng.integers(0, d - per_row + 1, (rows, per_row), dtype=np.int32), axis=1)
+            + np.arange(per_row, dtype=np.int32)).ravel()
+    return scipy.sparse.csr_matrix((rng.standard_normal(rows * per_row), cols,
+                                    np.arange(0, rows * per_row + 1, per_row, dtype=np.int32)), shape=(rows, d))
+
+
+def _best(fn) -> float:  # type: ignore[no-untyped-def]
+    """The least of 3 timed runs after a warm-up."""
+    return min(timed(fn, 3).runs)
+
+
+def _over_blocks(kernel, items, threads: int):  # type: ignore[no-untyped-def]
+    """A run of ``kernel`` over every item, the items dealt out between ``threads`` threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run() -> None:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda part: [kernel(item) for item in part], [items[i::threads] for i in range(threads)]))
+    return run
+
+
+def _csr_read(X: Any) -> float:
+    """One read of a CSR matrix's values and indices, a thread each: the memory floor."""
+    return _best(_over_blocks(lambda v: v.sum(), [X.data, X.indices], 2))
+
+
+def _numba_gather(X: Any, w: np.ndarray, index: type):  # type: ignore[no-untyped-def]
+    """``X @ w`` over a CSR block as a plain loop compiled by numba, its indices as ``index``."""
+    import numba
+
+    @numba.njit(nogil=True)
+    def gather(data, indices, indptr, w):  # type: ignore[no-untyped-def]
+        z = np.empty(indptr.shape[0] - 1)
+        for i in range(z.shape[0]):
+            t = 0.0
+            for p in range(indptr[i], indptr[i + 1]):
+                t += data[p] * w[indices[p]]
+            z[i] = t
+        return z
+
+    indices, indptr = X.indices.astype(index), X.indptr.astype(index)
+    assert np.allclose(gather(X.data, indices, indptr, w), X @ w)
+    return lambda: gather(X.data, indices, indptr, w)
+
+
 def sparse_kmeans(args: argparse.Namespace) -> None:
-    """K-means' step (``jobs.kmeans.kmeans_program``, sparse: centroids held as (d, k)) on one
-    CSR block of ``--rows`` rows (default 1,000,000; the benchmark's 100,000-row chunks at full
-    size) × 2^16, 30 non-zeros a row, k = 16, 1 thread: the loop over the non-zeros
-    (``loops.nearest_group_sums_csr``) against SciPy's X @ Cᵀ, NumPy's argmin and the one-hot
-    products. Medians of 5 after a warm-up, thread CPU time and wall."""
+    """K-means' step and its final pass (``jobs.kmeans.kmeans_program``, sparse: centroids held
+    as (d, k)) on one CSR block of ``--rows`` rows (default 1,000,000; the benchmark's
+    500,000-row blocks at full size) × 2^16, 30 non-zeros a row, k = 16, 1 thread: each as the
+    loop over the non-zeros (``loops.nearest_group_sums_csr``; ``nearest_rows_min_csr`` for the
+    labels and least scores of the final pass) against SciPy's X @ Cᵀ, NumPy's argmin, min and
+    the one-hot products; and X * X (the final pass's Σ‖x‖²) on the block's own index arrays
+    against SciPy's ``X.multiply(X)``. Medians of 5 after a warm-up, thread CPU time and wall."""
     import scipy.sparse
     from threadpoolctl import threadpool_limits
 
     from arrayjob import lazy as la
     from arrayjob.jobs.kmeans import centroid_values, kmeans_program
     from arrayjob.kernels import compiler
+    from arrayjob.kernels import sparse as block_steps
 
     n, d, k, per_row = args.rows or 1_000_000, 2**16, 16, 30
     rng = np.random.default_rng(0)
     X = scipy.sparse.csr_matrix((rng.standard_normal(n * per_row), rng.integers(0, d, n * per_row).astype(np.int32),
                                  np.arange(0, n * per_row + 1, per_row)), shape=(n, d))
+    X.sum_duplicates()  # canonical, as datagen writes it
     C = X[rng.choice(n, k, replace=False)].toarray()
-    graph = la.capture(list(kmeans_program(la.value("X", (n, d)), k, final=False, sparse=True).values()))
     names = {"X": X, **centroid_values(C, transposed=True), "cluster_ids": np.arange(k, dtype=np.float64)}
-    values = tuple(names[node.attrs.name] for node in graph.nodes if node.op == "value")
-    kernel = _block_kernel(graph)
-    loop = compiler.Program(kernel, values)
-    assert loop.packed, "the CSR block did not get its loop"
-    saved, compiler.SPARSE_LOOP_MIN_BYTES = compiler.SPARSE_LOOP_MIN_BYTES, 2**62
-    products = compiler.Program(kernel, values)
-    compiler.SPARSE_LOOP_MIN_BYTES = saved
-    got, want = loop(values), products(values)
-    assert np.allclose(got[0], want[0], rtol=1e-10, atol=1e-12) and np.array_equal(got[1], want[1])
-
     print(f"  {n:,} × 2^16, {per_row} a row ({(X.data.nbytes + X.indices.nbytes) / 2**20:.0f} MiB), k = {k}, 1 thread")
+    for final, what in ((False, "the step"), (True, "the final pass")):
+        graph = la.capture(list(kmeans_program(la.value("X", (n, d)), k, final=final, sparse=True).values()))
+        values = tuple(names[node.attrs.name] for node in graph.nodes if node.op == "value")
+        kernel = _block_kernel(graph)
+        loop = compiler.Program(kernel, values)
+        assert loop.packed, "the CSR block did not get its loop"
+        saved, compiler.SPARSE_LOOP_MIN_BYTES = compiler.SPARSE_LOOP_MIN_BYTES, 2**62
+        products = compiler.Program(kernel, values)
+        compiler.SPARSE_LOOP_MIN_BYTES = saved
+        got, want = loop(values), products(values)
+        assert all(np.allclose(g, v, rtol=1e-10, atol=1e-6) for g, v in zip(got, want, strict=True))
+        with threadpool_limits(1):
+            print(f"    {what + ': the loop over the non-zeros':<46} {cpu_and_wall(functools.partial(loop, values))}")
+            print(f"    {what + ': SciPy, NumPy and one-hot steps':<46} "
+                  f"{cpu_and_wall(functools.partial(products, values))}")
     with threadpool_limits(1):
-        print(f"    the loop over the non-zeros (one visit)      {cpu_and_wall(lambda: loop(values))}")
-        print(f"    SciPy's X @ C, argmin, one-hot products      {cpu_and_wall(lambda: products(values))}")
+        print(f"    X * X on the block's own indices             "
+              f"{cpu_and_wall(lambda: block_steps._map('multiply', [X, X]))}")
+        print(f"    SciPy's X.multiply(X)                       {cpu_and_wall(lambda: X.multiply(X))}")
         print(f"    one pass over data and indices (sum)         {cpu_and_wall(lambda: (X.data.sum(), X.indices.sum()))}")
 
 
@@ -1239,6 +1267,73 @@ def ray_start(_: argparse.Namespace) -> None:
             print(f"  {name} {wall:.2f} s to the first tasks, its processes' CPU {cpu:.2f} s")
 
 
+def timeline(args: argparse.Namespace) -> None:
+    """Where a job's time goes, task by task: ``--spec`` (with ``--set`` overrides) run in this
+    process on a local Ray of 2 CPUs, its output in a temporary directory; then Ray's timeline,
+    per kind of task (its fused kernel's name), the count and the least, median and most
+    seconds (the first of a kind also loads its compiled loop), and the fit stage over the
+    job's iterations or evaluations."""
+    import statistics
+    import tempfile
+    from collections import defaultdict
+
+    import ray
+
+    from arrayjob import runner
+    from arrayjob.spec import load_spec
+
+    if args.spec is None:
+        raise SystemExit("timeline: --spec SPEC.toml is needed")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    with tempfile.TemporaryDirectory() as out:
+        outcome = runner.run(load_spec(str(args.spec), [f"output.uri={out}", *args.set]), overwrite=True)
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for event in ray.timeline():
+        if event.get("ph") == "X" and str(event.get("cat", "")).startswith("task::"):
+            kinds[event["cat"].removeprefix("task::")].append(event["dur"] / 1e6)
+    ray.shutdown()
+    print(f"  {'task':<58} {'count':>5} {'least':>9} {'median':>9} {'most':>9}")
+    for name, seconds in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {name[:58]:<58} {len(seconds):>5} {min(seconds) * 1e3:7.1f}ms {statistics.median(seconds) * 1e3:7.1f}ms "
+              f"{max(seconds) * 1e3:7.1f}ms")
+    attrs = outcome.result.attrs
+    fit = sum(stage["wall_seconds"] for stage in outcome.report["stages"] if stage["name"] == "fit")
+    count = attrs.get("evaluations") or attrs.get("iterations")
+    if count:
+        print(f"  fit stage {fit:.2f} s over {count} {'evaluations' if 'evaluations' in attrs else 'iterations'}: "
+              f"{fit / count:.3f} s each")
+
+
+def cpu_busy(args: argparse.Namespace) -> None:
+    """How busy the machine's cores are while ``--run`` (a shell command, e.g. ``make test``)
+    runs: ``/proc/stat`` read every 5 s; the command's exit status, its wall time and the mean
+    share of all cores' time not idle (nor waiting on I/O) over the samples."""
+    import subprocess
+
+    def busy_and_total() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+        return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # idle and iowait are the 4th and 5th
+
+    if args.run is None:
+        raise SystemExit("cpu-busy: --run COMMAND is needed")
+    began, samples = time.perf_counter(), []
+    process = subprocess.Popen(args.run, shell=True)
+    before = busy_and_total()
+    while True:
+        try:
+            process.wait(timeout=5)
+            break
+        except subprocess.TimeoutExpired:
+            now = busy_and_total()
+            samples.append((now[0] - before[0]) / max(1, now[1] - before[1]))
+            before = now
+    wall = time.perf_counter() - began
+    mean = f"{100 * sum(samples) / len(samples):.0f} %" if samples else "no sample"
+    print(f"cpu-busy: exit {process.returncode} after {wall:.0f} s; all {os.cpu_count()} cores busy {mean} "
+          f"(mean of {len(samples)} samples, 5 s apart)")
+
+
 COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-sizes": block_sizes,
             "peer-chunks": peer_chunks, "tsqr-block": tsqr_block, "kmeans-assign": kmeans_assign,
             "pagerank-build": pagerank_build, "pagerank-order": pagerank_order,
@@ -1246,7 +1341,7 @@ COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-siz
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp, "kept-map": kept_map,
             "sparse-loop": sparse_loop, "sparse-floor": sparse_floor, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans,
             "parquet-bound": parquet_bound, "linreg-block": linreg_block, "ray-stop": ray_stop,
-            "ray-start": ray_start}
+            "ray-start": ray_start, "timeline": timeline, "cpu-busy": cpu_busy}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1256,5 +1351,8 @@ if __name__ == "__main__":
                         help="parquet-bound: benchmarks/parquet.py's data directory of one size")
     parser.add_argument("--preallocate", action="store_true",
                         help="store-pages: start Ray with RAY_preallocate_plasma_memory=1 (the store touched at start)")
+    parser.add_argument("--spec", type=Path, help="timeline: the job spec to run")
+    parser.add_argument("--run", help="cpu-busy: the shell command to run and watch")
+    parser.add_argument("--set", action="append", default=[], help="timeline: a spec override (key=value), repeatable")
     args = parser.parse_args()
     COMMANDS[args.command](args)

@@ -167,8 +167,9 @@ def _nearest_and_least(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[
     """The nearest rows of C over a CSR X and the least score of each row, when the program
     wants both (k-means' final pass: its labels, and an inertia that sums the least scores):
     one loop (``loops.nearest_rows_min_csr``) gives [label | least score] per row, and the
-    n × k scores are never made. Over a 500,000-row block of 2^16 columns, k = 16, the
-    scores as a SciPy product with their argmin and min took 230 ms in a task."""
+    n × k scores are never made. One 500,000-row block of 2^16 columns, k = 16, one thread:
+    the loop 122 ms, the scores as a SciPy product with their argmin and min 213 ms
+    (``benchmarks/bench_micro.py sparse-kmeans``)."""
     packs: list[Packed] = []
     for i, r in found.items():
         if r.loop != "nearest_rows" or not r.csr:
@@ -182,16 +183,9 @@ def _nearest_and_least(kernel: Any, found: dict[int, Rewrite], shapes: Sequence[
         parts: dict[int, Callable[[Any], Any]] = {i: _labels_of}
         parts.update({j: functools.partial(_least_of, kernel.steps[j].attrs.keepdims) for j in least})
         x, c, a = r.inputs
-        run = functools.partial(_nearest_rows_min, loops, (x, c, a), r.scale, r.transposed)
+        run = functools.partial(_nearest_rows, loops, (x, c, a), r.scale, r.transposed, True, least=True)
         packs.append(Packed(r.inputs, "rm,mc,c->rz" if r.transposed else "rm,cm,c->rz", run, (n, 2), parts))
     return packs
-
-
-def _nearest_rows_min(loops: Any, slots: tuple[int, int, int], scale: float, transposed: bool, vals: list[Any]) -> Any:
-    x, c, a = slots
-    C, offsets = _centroids(vals[c], transposed, True), np.ascontiguousarray(vals[a], dtype=np.float64)
-    Xd, Xi, Xp, _ = CSRRows().arguments(vals[x])
-    return loops.nearest_rows_min_csr(Xd, Xi, Xp, C, offsets, scale)
 
 
 def _labels_of(packed: Any) -> Any:
@@ -260,12 +254,14 @@ def _centroids(C: Any, transposed: bool, want_transposed: bool) -> np.ndarray:
 
 
 def _nearest_rows(loops: Any, slots: tuple[int, int, int], scale: Any, transposed: bool, csr: bool,
-                  vals: list[Any]) -> Any:
+                  vals: list[Any], least: bool = False) -> Any:
+    """Each row's nearest row of C; with ``least`` (CSR only), [label | least score] per row."""
     x, c, a = slots
     C, offsets = _centroids(vals[c], transposed, csr), np.ascontiguousarray(vals[a], dtype=np.float64)
     if csr:
         Xd, Xi, Xp, _ = CSRRows().arguments(vals[x])
-        return loops.nearest_rows_csr(Xd, Xi, Xp, C, offsets, scale)
+        loop = loops.nearest_rows_min_csr if least else loops.nearest_rows_csr
+        return loop(Xd, Xi, Xp, C, offsets, scale)
     return loops.nearest_rows(np.ascontiguousarray(vals[x], dtype=np.float64), C, offsets, scale)
 
 

@@ -78,8 +78,9 @@ def _mapped(x: Any, fn: Any) -> Any:
     """``fn`` of each value of ``x`` (a map that keeps zeros), on the same non-zeros. Where
     each entry is one element (canonical CSR or CSC, as SciPy makes and datagen writes), the
     index arrays are shared, not copied: a copy of a 500,000-row block's indices is 60 MB,
-    and SciPy's X.multiply(X) merged the two index lists row by row (47 ms against 19). A
-    block with repeated entries is summed first: the map is of the element, not of its parts."""
+    and SciPy's X.multiply(X) merges the two index lists row by row (42 ms against 16 on such
+    a block, ``benchmarks/bench_micro.py sparse-kmeans``). A block with repeated entries is
+    summed first: the map is of the element, not of its parts."""
     if x.format not in ("csr", "csc") or not x.has_canonical_format:
         x = x.copy()
         x.sum_duplicates()

@@ -119,8 +119,7 @@ class PrivateRayWatch:
         about (``has_lost_one``) until ``release``: a raylet killed outright closes its
         sockets, which fails the job, a moment before the kernel reports it dead, and Ray's
         account of its death may arrive during the shutdown that follows."""
-        if self.lost is None:
-            self.lost = self._dead_now()
+        self.has_lost_one()
         self._closed.set()
         os.write(self._wake_w, b"x")
         self._thread.join()
