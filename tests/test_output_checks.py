@@ -9,6 +9,7 @@ read-only file system needs a mount namespace: that case runs the installed comm
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -290,6 +291,30 @@ def test_probe_of_a_new_output_leaves_no_directory(tmp_path):
     location = parse_uri(str(tmp_path / "results/deep/out"))
     JobOutput(location, StorageOptions(), "d").check(overwrite=False, expected_bytes=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_another_run_removes_meanwhile_is_never_taken_for_a_file(tmp_path):
+    """Racing runs' probes make and remove the output's directories; a check between must not see a file."""
+    import threading
+
+    out = tmp_path / "out"
+    backend = backend_for(parse_uri(str(out / "a" / "b")), StorageOptions())
+    stop = threading.Event()
+
+    def churn() -> None:  # what another run's probe_write does to the directories it made
+        while not stop.is_set():
+            out.mkdir(exist_ok=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()
+
+    other = threading.Thread(target=churn)
+    other.start()
+    try:
+        for _ in range(20_000):  # the old check saw "a file" about once in 40 here
+            backend.check_reachable()
+    finally:
+        stop.set()
+        other.join()
 
 
 @pytest.mark.s3

@@ -7,6 +7,7 @@ import errno
 import mmap
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable
 
@@ -134,7 +135,9 @@ class LocalBackend(StorageBackend):
             for directory in created:
                 with contextlib.suppress(OSError):
                     os.rmdir(directory)
-        return shutil.disk_usage(_existing(self.location.path)).free
+        while True:
+            with contextlib.suppress(FileNotFoundError):  # removed by another run since it was found
+                return shutil.disk_usage(_existing(self.location.path)).free
 
 
 def _existing(path: str) -> str:
@@ -145,9 +148,20 @@ def _existing(path: str) -> str:
 
 
 def _file_in(path: str) -> str | None:
-    """The file (anything not a directory) at ``path`` or among its ancestors, or None."""
-    found = _existing(path)
-    return None if os.path.isdir(found) else found
+    """The file (anything not a directory) at ``path`` or among its ancestors, or None.
+
+    Another run may remove an empty directory between finding it and asking what it is
+    (``probe_write`` and ``prune`` do): then the walk up starts again.
+    """
+    while True:
+        found = _existing(path)
+        try:
+            mode = os.stat(found).st_mode  # one look: a removed-and-remade directory is still a directory
+        except FileNotFoundError:
+            if os.path.islink(found):
+                return found  # a link to nothing
+            continue
+        return None if stat.S_ISDIR(mode) else found
 
 
 def _missing_parents(path: str) -> list[str]:
