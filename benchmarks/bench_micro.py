@@ -984,7 +984,8 @@ def _numba_gather(X: Any, w: np.ndarray, index: type):  # type: ignore[no-untype
 def sparse_kmeans(args: argparse.Namespace) -> None:
     """K-means' step and its final pass (``jobs.kmeans.kmeans_program``, sparse: centroids held
     as (d, k)) on one CSR block of ``--rows`` rows (default 1,000,000; the benchmark's
-    500,000-row blocks at full size) × 2^16, 30 non-zeros a row, k = 16, 1 thread: each as the
+    500,000-row blocks at full size) × 2^16, 30 non-zeros a row (``--columns``: at random, or a
+    cluster centre's as in bench_sparse's X), k = 16, 1 thread: each as the
     loop over the non-zeros (``loops.nearest_group_sums_csr``; ``nearest_rows_min_csr`` for the
     labels and least scores of the final pass) against SciPy's X @ Cᵀ, NumPy's argmin, min and
     the one-hot products; and X * X (the final pass's Σ‖x‖²) on the block's own index arrays
@@ -999,12 +1000,18 @@ def sparse_kmeans(args: argparse.Namespace) -> None:
 
     n, d, k, per_row = args.rows or 1_000_000, 2**16, 16, 30
     rng = np.random.default_rng(0)
-    X = scipy.sparse.csr_matrix((rng.standard_normal(n * per_row), rng.integers(0, d, n * per_row).astype(np.int32),
-                                 np.arange(0, n * per_row + 1, per_row)), shape=(n, d))
+    if args.columns == "clustered":  # as ``arrayjob datagen kmeans --nnz-per-row`` (bench_sparse's X): a centre's columns
+        support = np.array([np.sort(rng.choice(d, per_row, replace=False)) for _ in range(k)], dtype=np.int32)
+        columns = support[rng.integers(0, k, n)].ravel()
+    else:
+        columns = rng.integers(0, d, n * per_row).astype(np.int32)
+    X = scipy.sparse.csr_matrix((rng.standard_normal(n * per_row), columns, np.arange(0, n * per_row + 1, per_row)),
+                                shape=(n, d))
     X.sum_duplicates()  # canonical, as datagen writes it
     C = X[rng.choice(n, k, replace=False)].toarray()
     names = {"X": X, **centroid_values(C, transposed=True), "cluster_ids": np.arange(k, dtype=np.float64)}
-    print(f"  {n:,} × 2^16, {per_row} a row ({(X.data.nbytes + X.indices.nbytes) / 2**20:.0f} MiB), k = {k}, 1 thread")
+    print(f"  {n:,} × 2^16, {per_row} a row, {args.columns} columns "
+          f"({(X.data.nbytes + X.indices.nbytes) / 2**20:.0f} MiB), k = {k}, 1 thread")
     for final, what in ((False, "the step"), (True, "the final pass")):
         graph = la.capture(list(kmeans_program(la.value("X", (n, d)), k, final=final, sparse=True).values()))
         values = tuple(names[node.attrs.name] for node in graph.nodes if node.op == "value")
@@ -1351,6 +1358,8 @@ if __name__ == "__main__":
                         help="parquet-bound: benchmarks/parquet.py's data directory of one size")
     parser.add_argument("--preallocate", action="store_true",
                         help="store-pages: start Ray with RAY_preallocate_plasma_memory=1 (the store touched at start)")
+    parser.add_argument("--columns", choices=("random", "clustered"), default="random",
+                        help="sparse-kmeans: each row's columns drawn at random, or a cluster centre's (as bench_sparse's X)")
     parser.add_argument("--spec", type=Path, help="timeline: the job spec to run")
     parser.add_argument("--run", help="cpu-busy: the shell command to run and watch")
     parser.add_argument("--set", action="append", default=[], help="timeline: a spec override (key=value), repeatable")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -331,6 +333,28 @@ def test_the_kmeans_final_pass_over_csr_is_one_loop_and_matches_scipy(index, mon
     assert float(inertia) == ((dense[:, None, :] - C[None]) ** 2).sum(-1).min(1).sum()
 
 
+@pytest.mark.parametrize("k", [7, 8, 16, 19, 24, 35, 40])  # below, in and past the vector registers' range
+def test_every_k_gets_scipys_labels_sums_and_least_scores(k, monkeypatch):
+    """The dot products of 8⌊k/8⌋ centroids run in vector registers (``kernels.lanes``) for
+    8 ≤ k < 40, the rest one at a time: the step and the final pass equal SciPy's products on
+    integer data, ties and all, whichever k."""
+    from arrayjob.jobs.kmeans import centroid_values, kmeans_program
+
+    monkeypatch.setattr(compiler, "SPARSE_LOOP_MIN_BYTES", 0)
+    n, d = 1501, 300
+    X = _integer_csr(n, d, "int32", seed=k)
+    C = np.random.default_rng(k).integers(-2, 3, (k, d)).astype(float)
+    C[k - 1] = C[k // 2]  # equal centroids: every tie goes to the first
+    values = {"X": X, **centroid_values(C, transposed=True), "cluster_ids": np.arange(k, dtype=float)}
+    for final in (False, True):
+        outputs = kmeans_program(la.value("X", (n, d)), k, final=final, sparse=True)
+        kernel, args = block_kernel(list(outputs.values()), values)
+        program = compiler.Program(kernel, args)
+        assert program.packed
+        for g, w in zip(program(args), kernels.interpret(kernel, *args), strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
 def test_the_csr_loops_read_a_block_that_starts_inside_its_arrays():
     """A row block cut from a chunk without copying: its row pointers start past 0 and index
     into the chunk's whole data and indices."""
@@ -382,3 +406,19 @@ def test_a_map_of_a_sparse_block_is_of_its_elements_and_shares_a_canonical_struc
     squared = block_steps._map("multiply", [canonical, canonical])
     np.testing.assert_array_equal(squared.toarray(), canonical.toarray() ** 2)
     assert np.shares_memory(squared.indices, canonical.indices) and np.shares_memory(squared.indptr, canonical.indptr)
+
+
+def test_start_loops_starts_numba_once_in_a_thread_of_its_own():
+    """What a worker reading a sparse block calls: numba starts in one thread, however often it
+    is called, and the loops' machinery is loaded when that thread ends."""
+    code = ("import threading\n"
+            "from arrayjob import kernels\n"
+            "kernels.start_loops(); kernels.start_loops()\n"
+            "started = [t for t in threading.enumerate() if t.name == 'arrayjob-start-loops']\n"
+            "assert len(started) == 1, started\n"
+            "started[0].join(120)\n"
+            "from arrayjob.kernels import loops\n"
+            "assert loops.started.signatures, 'numba did not start'\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -9,6 +9,7 @@ is where numexpr, numba and generated code live.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from arrayjob.errors import ArrayJobError, JobCodeError, blames_job
@@ -16,6 +17,23 @@ from arrayjob.io.locations import TableTarget
 from arrayjob.kernels.block_kernel import interpret, run_block_kernel
 from arrayjob.kernels.primitives import assemble, combine
 from arrayjob.planner.physical import Assemble, BlockKernel, Combine, JobFunction, WriteBlock
+
+_loops_started = threading.Lock()
+
+
+def start_loops() -> None:
+    """Start numba in this process, in a thread, once: its typing and LLVM take about 0.2 s of
+    CPU at the first compiled loop a process runs (each cached loop then loads in milliseconds).
+    A worker reading a sparse block calls this, so that numba starts while the reads wait on
+    storage, not in the job's first iteration."""
+    if _loops_started.acquire(blocking=False):
+        threading.Thread(target=_start_loops, name="arrayjob-start-loops", daemon=True).start()
+
+
+def _start_loops() -> None:
+    from arrayjob.kernels import loops
+
+    loops.started(0)
 
 
 @functools.singledispatch

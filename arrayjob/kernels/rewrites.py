@@ -52,6 +52,7 @@ import numpy as np
 from arrayjob.kernels.row_layouts import CSRRows
 from arrayjob.planner.ops import Const, Einsum, Map, Reduce
 
+CACHE_LINE = 64  # bytes
 SHORT_ROW = 64  # arg-reductions over at most this many columns run as loops
 
 
@@ -248,9 +249,19 @@ def _nearest(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: 
 
 
 def _centroids(C: Any, transposed: bool, want_transposed: bool) -> np.ndarray:
-    """C as a loop reads it: (k, d) rows for a dense X, (d, k) for a CSR one."""
+    """C as a loop reads it: (k, d) rows for a dense X, (d, k) for a CSR one, its start on a
+    cache line (64 bytes), where Ray's object store puts it: the CSR loops read a row of Cᵀ as
+    vectors of 8 doubles, and a vector split over two lines costs a fifth more on random columns
+    (``bench_micro.py sparse-kmeans``)."""
     C = np.asarray(C, dtype=np.float64)
-    return np.ascontiguousarray(C.T if transposed != want_transposed else C)
+    C = np.ascontiguousarray(C.T if transposed != want_transposed else C)
+    if C.ctypes.data % CACHE_LINE == 0:
+        return C
+    room = np.empty(C.nbytes + CACHE_LINE, dtype=np.uint8)
+    start = -room.ctypes.data % CACHE_LINE
+    aligned = room[start: start + C.nbytes].view(np.float64).reshape(C.shape)
+    aligned[...] = C
+    return aligned
 
 
 def _nearest_rows(loops: Any, slots: tuple[int, int, int], scale: Any, transposed: bool, csr: bool,

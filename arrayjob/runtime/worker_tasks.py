@@ -108,6 +108,8 @@ def fetch(refs: list[ray.ObjectRef]) -> list[Any]:
 @ray.remote(num_returns=2, max_retries=TASK_RETRIES)
 def load_block(source: InputArray, index: tuple[int, ...], options: StorageOptions) -> tuple[Any, dict[str, Any]]:
     """A source block read into the object store where this task runs, and its read's stats."""
+    if source.array.sparse is not None:
+        kernels.start_loops()  # a sparse block's job runs compiled loops: numba starts as this reads
     block, stats = load_and_check(source, index, options)
     stats["node"] = this_node()
     stats["attempt"] = attempt()
