@@ -10,7 +10,8 @@ final centroids. Assignment compares ‖c‖² − 2x·c (scikit-learn's expansi
 blocks the assignment (k dot products and an argmin per row, no n × k scores) and the
 one-hot products (sums per cluster, counts, each row's centroid) run as compiled loops
 over the rows, not as products with n × k matrices, and the step's assignment, sums and
-counts as one loop: one read of X per block (``kernels.rewrites``).
+counts as one loop (``kernels.rewrites``): one read of a dense block; two sweeps of a sparse
+one's non-zeros, the assignment then the sums (``loops.nearest_group_sums_csr`` says why).
 
 Initialisation: explicit centroids (a URI of a (k, d) array), random rows, or k-means++
 (Arthur & Vassilvitskii 2007) on a sample of at most 100k rows read whole-chunk.
