@@ -19,7 +19,7 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py kept-map       # a kept CSR block mapped from the spill vs in memory (no data needed)
     .venv/bin/python benchmarks/bench_micro.py sparse-loop    # the logistic row loop over a CSR and a CSC block vs SciPy's products (no data needed; --rows)
     .venv/bin/python benchmarks/bench_micro.py sparse-floor   # issue 24's logreg evaluation and k-means step at full size, no Ray: SciPy's and arrayjob's kernels on 1 and 2 threads vs the read and scikit-learn (no data needed; --rows)
-    .venv/bin/python benchmarks/bench_micro.py sparse-kmeans  # k-means' step over a CSR block: the loop vs SciPy's products (no data needed; --rows)
+    .venv/bin/python benchmarks/bench_micro.py sparse-kmeans  # k-means' step and final pass over a CSR block: the loops vs SciPy's products (no data needed; --rows, --columns random|clustered)
     .venv/bin/python benchmarks/bench_micro.py linreg-block   # linreg's R-only TSQR of one [X 1 y] block, its parts, vs the normal equations' Gram (no data needed)
     .venv/bin/python benchmarks/bench_micro.py ray-stop       # a private Ray's shutdown, timed per process type, as ray.init starts it (no data needed)
     .venv/bin/python benchmarks/bench_micro.py timeline --spec SPEC.toml [--set key=value]  # a job's tasks from Ray's timeline: per kind, count and least/median/most
