@@ -31,9 +31,12 @@ def start_loops() -> None:
 
 
 def _start_loops() -> None:
-    from arrayjob.kernels import loops
+    try:
+        from arrayjob.kernels import loops
 
-    loops.started(0)
+        loops.started(0)
+    except Exception:  # noqa: BLE001 - only a head start: the loop that needs numba says what is wrong
+        return
 
 
 @functools.singledispatch
