@@ -7,9 +7,9 @@ The k dot products of a sparse row with k centroids (k-means) hold their sums in
 registers (``row_dots``, an intrinsic written in LLVM IR): written as a loop over j, numba's
 LLVM vectorises it for long k only (32 lanes a step), so at the k = 8–39 of k-means the sums
 ran one double at a time, kept in memory. ``row_dots`` keeps 8⌊k/8⌋ sums as vectors of 8
-doubles for the whole row: one fused multiply-add per 8 centroids per non-zero, in the row's
-order, so every lane adds exactly what the scalar loop adds (fma(v, Cᵀ[c, j], s), from 0.0):
-the same bits. It lives in this file because numba's on-disk cache of a loop is checked
+doubles for the whole row: one multiply-add per 8 centroids per non-zero, in the row's order,
+fused where the CPU fuses the scalar loop's (LLVM's ``fmuladd``, what numba's ``contract``
+gives it), so every lane adds exactly what the scalar loop adds, from 0.0: the same bits. It lives in this file because numba's on-disk cache of a loop is checked
 against the loop's own file only.
 """
 
@@ -207,7 +207,7 @@ def row_dots(typingctx: Any, Xd: Any, Xi: Any, lo: Any, hi: Any, CT: Any, scores
         row_bytes = builder.extract_value(centroids.strides, 0)
         base = builder.bitcast(centroids.data, ir.IntType(8).as_pointer())
         sums = context.make_array(signature.args[5])(context, builder, out).data
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v8f64")
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fmuladd.v8f64")
 
         def wide(value: Any, signed: bool) -> Any:
             if value.type.width == 64:
