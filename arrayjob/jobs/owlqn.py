@@ -23,7 +23,7 @@ and O(memory · n) flops on the driver.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -67,16 +67,15 @@ def step(fun: Function, state: LBFGSState, c: np.ndarray, *, tol: float, max_ite
     x, f, g = found
     s, y = x - state.x, g - state.g
     if float(s @ y) > np.finfo(float).eps * float(y @ y):  # keep H positive definite
-        s_hist = np.vstack([s_hist, s])[-memory:]
-        y_hist = np.vstack([y_hist, y])[-memory:]
+        s_hist, y_hist = lbfgs.remember(s_hist, s, memory), lbfgs.remember(y_hist, y, memory)
     iteration = state.iteration + 1
     done = (iteration >= max_iter or float(np.linalg.norm(pseudo_gradient(x, g, c))) <= tol
             or not np.any(s))
     return LBFGSState(x, f, g, s_hist, y_hist, iteration, done)
 
 
-def _search(fun: Function, state: LBFGSState, c: np.ndarray, pg: np.ndarray, s_hist: np.ndarray,
-            y_hist: np.ndarray) -> tuple[np.ndarray, float, np.ndarray] | None:
+def _search(fun: Function, state: LBFGSState, c: np.ndarray, pg: np.ndarray, s_hist: Sequence[np.ndarray],
+            y_hist: Sequence[np.ndarray]) -> tuple[np.ndarray, float, np.ndarray] | None:
     """The backtracking line search along the projected direction: (x⁺, F(x⁺), ∇f(x⁺)), or
     None when no step decreases F enough."""
     d = lbfgs.direction(pg, s_hist, y_hist)
