@@ -23,6 +23,7 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py linreg-block   # linreg's R-only TSQR of one [X 1 y] block, its parts, vs the normal equations' Gram (no data needed)
     .venv/bin/python benchmarks/bench_micro.py ray-stop       # a private Ray's shutdown, timed per process type, as ray.init starts it (no data needed)
     .venv/bin/python benchmarks/bench_micro.py timeline --spec SPEC.toml [--set key=value]  # a job's tasks from Ray's timeline: per kind, count and least/median/most
+    .venv/bin/python benchmarks/bench_micro.py driver-profile --spec SPEC.toml [--set key=value]  # a job's driver under cProfile: where its own CPU goes
     .venv/bin/python benchmarks/bench_micro.py cpu-busy --run "make test"  # how busy the cores are while a command runs (/proc/stat every 5 s)
     .venv/bin/python benchmarks/bench_micro.py ray-start      # ray.init vs the head Node without monitor and log monitor (no data needed)
 """
@@ -1311,6 +1312,34 @@ def timeline(args: argparse.Namespace) -> None:
               f"{fit / count:.3f} s each")
 
 
+def driver_profile(args: argparse.Namespace) -> None:
+    """What a job's driver spends its own CPU on: ``--spec`` (with ``--set`` overrides) run in
+    this process on a local Ray of 2 CPUs under cProfile, its output in a temporary directory;
+    the 20 functions with the most time of their own (Ray's waits for results among them: the
+    rest is time the workers may wait on the driver)."""
+    import cProfile
+    import pstats
+    import tempfile
+
+    import ray
+
+    from arrayjob import runner
+    from arrayjob.spec import load_spec
+
+    if args.spec is None:
+        raise SystemExit("driver-profile: --spec SPEC.toml is needed")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    profile = cProfile.Profile()
+    with tempfile.TemporaryDirectory() as out:
+        spec = load_spec(str(args.spec), [f"output.uri={out}", *args.set])
+        profile.enable()
+        outcome = runner.run(spec, overwrite=True)
+        profile.disable()
+    ray.shutdown()
+    print("  stages: " + ", ".join(f"{s['name']} {s['wall_seconds']:.2f} s" for s in outcome.report["stages"]))
+    pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+
+
 def cpu_busy(args: argparse.Namespace) -> None:
     """How busy the machine's cores are while ``--run`` (a shell command, e.g. ``make test``)
     runs: ``/proc/stat`` read every 5 s; the command's exit status, its wall time and the mean
@@ -1348,7 +1377,7 @@ COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-siz
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp, "kept-map": kept_map,
             "sparse-loop": sparse_loop, "sparse-floor": sparse_floor, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans,
             "parquet-bound": parquet_bound, "linreg-block": linreg_block, "ray-stop": ray_stop,
-            "ray-start": ray_start, "timeline": timeline, "cpu-busy": cpu_busy}
+            "ray-start": ray_start, "timeline": timeline, "driver-profile": driver_profile, "cpu-busy": cpu_busy}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -1360,8 +1389,8 @@ if __name__ == "__main__":
                         help="store-pages: start Ray with RAY_preallocate_plasma_memory=1 (the store touched at start)")
     parser.add_argument("--columns", choices=("random", "clustered"), default="random",
                         help="sparse-kmeans: each row's columns drawn at random, or a cluster centre's (as bench_sparse's X)")
-    parser.add_argument("--spec", type=Path, help="timeline: the job spec to run")
+    parser.add_argument("--spec", type=Path, help="timeline, driver-profile: the job spec to run")
     parser.add_argument("--run", help="cpu-busy: the shell command to run and watch")
-    parser.add_argument("--set", action="append", default=[], help="timeline: a spec override (key=value), repeatable")
+    parser.add_argument("--set", action="append", default=[], help="timeline, driver-profile: a spec override (key=value), repeatable")
     args = parser.parse_args()
     COMMANDS[args.command](args)
