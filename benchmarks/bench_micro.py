@@ -24,6 +24,7 @@ that ``bench.py`` generates (run it once first):
     .venv/bin/python benchmarks/bench_micro.py ray-stop       # a private Ray's shutdown, timed per process type, as ray.init starts it (no data needed)
     .venv/bin/python benchmarks/bench_micro.py timeline --spec SPEC.toml [--set key=value]  # a job's tasks from Ray's timeline: per kind, count and least/median/most
     .venv/bin/python benchmarks/bench_micro.py driver-profile --spec SPEC.toml [--set key=value]  # a job's driver under cProfile: where its own CPU goes
+    .venv/bin/python benchmarks/bench_micro.py numba-start    # a fresh process's first compiled loop: numba's import, its typing and LLVM, then a cached loop
     .venv/bin/python benchmarks/bench_micro.py cpu-busy --run "make test"  # how busy the cores are while a command runs (/proc/stat every 5 s)
     .venv/bin/python benchmarks/bench_micro.py ray-start      # ray.init vs the head Node without monitor and log monitor (no data needed)
 """
@@ -990,7 +991,8 @@ def sparse_kmeans(args: argparse.Namespace) -> None:
     loop over the non-zeros (``loops.nearest_group_sums_csr``; ``nearest_rows_min_csr`` for the
     labels and least scores of the final pass) against SciPy's X @ Cᵀ, NumPy's argmin, min and
     the one-hot products; and X * X (the final pass's Σ‖x‖²) on the block's own index arrays
-    against SciPy's ``X.multiply(X)``. Medians of 5 after a warm-up, thread CPU time and wall."""
+    against SciPy's ``X.multiply(X)``; the step's loop with Cᵀ on a cache line and 16 bytes off
+    one. Medians of 5 after a warm-up, thread CPU time and wall."""
     import scipy.sparse
     from threadpoolctl import threadpool_limits
 
@@ -1011,6 +1013,7 @@ def sparse_kmeans(args: argparse.Namespace) -> None:
     X.sum_duplicates()  # canonical, as datagen writes it
     C = X[rng.choice(n, k, replace=False)].toarray()
     names = {"X": X, **centroid_values(C, transposed=True), "cluster_ids": np.arange(k, dtype=np.float64)}
+    names["centroids"] = _on_cache_line(names["centroids"])  # as a task gets it from Ray's store
     print(f"  {n:,} × 2^16, {per_row} a row, {args.columns} columns "
           f"({(X.data.nbytes + X.indices.nbytes) / 2**20:.0f} MiB), k = {k}, 1 thread")
     for final, what in ((False, "the step"), (True, "the final pass")):
@@ -1028,11 +1031,30 @@ def sparse_kmeans(args: argparse.Namespace) -> None:
             print(f"    {what + ': the loop over the non-zeros':<46} {cpu_and_wall(functools.partial(loop, values))}")
             print(f"    {what + ': SciPy, NumPy and one-hot steps':<46} "
                   f"{cpu_and_wall(functools.partial(products, values))}")
+    from arrayjob.kernels import loops
+    from arrayjob.kernels.row_layouts import CSRRows
+
+    args_of_X = CSRRows().arguments(X)[:3]
+    for offset in (0, 16):  # Cᵀ on a cache line, where Ray's store puts it, and off one
+        held = _on_cache_line(names["centroids"], offset)
+        step = functools.partial(loops.nearest_group_sums_csr, *args_of_X, d, held, names["centroid_sq"], 2.0,
+                                 names["cluster_ids"])
+        with threadpool_limits(1):
+            print(f"    {f'the step, Cᵀ {offset} bytes off a cache line':<46} {cpu_and_wall(step)}")
     with threadpool_limits(1):
         print(f"    X * X on the block's own indices             "
               f"{cpu_and_wall(lambda: block_steps._map('multiply', [X, X]))}")
         print(f"    SciPy's X.multiply(X)                       {cpu_and_wall(lambda: X.multiply(X))}")
         print(f"    one pass over data and indices (sum)         {cpu_and_wall(lambda: (X.data.sum(), X.indices.sum()))}")
+
+
+def _on_cache_line(a: np.ndarray, offset: int = 0) -> np.ndarray:
+    """A copy of ``a`` starting ``offset`` bytes past a 64-byte boundary."""
+    room = np.empty(a.nbytes + 128, dtype=np.uint8)
+    start = -room.ctypes.data % 64 + offset
+    held = room[start: start + a.nbytes].view(a.dtype).reshape(a.shape)
+    held[...] = a
+    return held
 
 
 def sparse_layout(_: argparse.Namespace) -> None:
@@ -1275,15 +1297,11 @@ def ray_start(_: argparse.Namespace) -> None:
             print(f"  {name} {wall:.2f} s to the first tasks, its processes' CPU {cpu:.2f} s")
 
 
-def timeline(args: argparse.Namespace) -> None:
-    """Where a job's time goes, task by task: ``--spec`` (with ``--set`` overrides) run in this
-    process on a local Ray of 2 CPUs, its output in a temporary directory; then Ray's timeline,
-    per kind of task (its fused kernel's name), the count and the least, median and most
-    seconds (the first of a kind also loads its compiled loop), and the fit stage over the
-    job's iterations or evaluations."""
-    import statistics
+def _run_spec(args: argparse.Namespace, command: str, around: Any = contextlib.nullcontext) -> Any:
+    """``--spec`` (with ``--set`` overrides) run in this process on a local Ray of 2 CPUs, its
+    output in a temporary directory, inside ``around()``; the run's outcome. Ray is left up for
+    the caller to read (``ray.timeline()``) and shut down."""
     import tempfile
-    from collections import defaultdict
 
     import ray
 
@@ -1291,10 +1309,25 @@ def timeline(args: argparse.Namespace) -> None:
     from arrayjob.spec import load_spec
 
     if args.spec is None:
-        raise SystemExit("timeline: --spec SPEC.toml is needed")
+        raise SystemExit(f"{command}: --spec SPEC.toml is needed")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     with tempfile.TemporaryDirectory() as out:
-        outcome = runner.run(load_spec(str(args.spec), [f"output.uri={out}", *args.set]), overwrite=True)
+        spec = load_spec(str(args.spec), [f"output.uri={out}", *args.set])
+        with around():
+            return runner.run(spec, overwrite=True)
+
+
+def timeline(args: argparse.Namespace) -> None:
+    """Where a job's time goes, task by task: ``--spec`` run as ``_run_spec`` does; then Ray's
+    timeline, per kind of task (its fused kernel's name), the count and the least, median and
+    most seconds (the first of a kind also loads its compiled loop), and the fit stage over the
+    job's iterations or evaluations."""
+    import statistics
+    from collections import defaultdict
+
+    import ray
+
+    outcome = _run_spec(args, "timeline")
     kinds: dict[str, list[float]] = defaultdict(list)
     for event in ray.timeline():
         if event.get("ph") == "X" and str(event.get("cat", "")).startswith("task::"):
@@ -1313,31 +1346,46 @@ def timeline(args: argparse.Namespace) -> None:
 
 
 def driver_profile(args: argparse.Namespace) -> None:
-    """What a job's driver spends its own CPU on: ``--spec`` (with ``--set`` overrides) run in
-    this process on a local Ray of 2 CPUs under cProfile, its output in a temporary directory;
-    the 20 functions with the most time of their own (Ray's waits for results among them: the
-    rest is time the workers may wait on the driver)."""
+    """What a job's driver spends its own CPU on: ``--spec`` run as ``_run_spec`` does, under
+    cProfile; the 20 functions with the most time of their own (Ray's waits for results among
+    them: the rest is time the workers may wait on the driver)."""
     import cProfile
     import pstats
-    import tempfile
 
     import ray
 
-    from arrayjob import runner
-    from arrayjob.spec import load_spec
-
-    if args.spec is None:
-        raise SystemExit("driver-profile: --spec SPEC.toml is needed")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     profile = cProfile.Profile()
-    with tempfile.TemporaryDirectory() as out:
-        spec = load_spec(str(args.spec), [f"output.uri={out}", *args.set])
-        profile.enable()
-        outcome = runner.run(spec, overwrite=True)
-        profile.disable()
+    outcome = _run_spec(args, "driver-profile", lambda: profile)
     ray.shutdown()
     print("  stages: " + ", ".join(f"{s['name']} {s['wall_seconds']:.2f} s" for s in outcome.report["stages"]))
     pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+
+
+def numba_start(_: argparse.Namespace) -> None:
+    """What a process pays at its first compiled loop (``kernels.start_loops`` takes it off a
+    job's first iteration): in a fresh Python with NumPy and SciPy imported, the import of
+    ``kernels.loops`` (numba's import),
+    the first call of a cached loop (numba's typing and LLVM), then a second cached loop's load
+    and run on a small CSR block. Three fresh processes, each printed."""
+    import subprocess
+
+    code = """
+import time
+import numpy as np, scipy.sparse
+t0 = time.perf_counter()
+from arrayjob.kernels import loops
+t1 = time.perf_counter()
+loops.started(0)
+t2 = time.perf_counter()
+X = scipy.sparse.random(10, 64, density=0.2, format="csr", random_state=0)
+loops.nearest_group_sums_csr(X.data, X.indices.astype(np.uint32), X.indptr.astype(np.uint32), 64,
+                             np.zeros((64, 16)), np.zeros(16), 2.0, np.arange(16.0))
+t3 = time.perf_counter()
+print(f"    import {t1 - t0:.3f} s, first cached call {t2 - t1:.3f} s, then a loop {(t3 - t2) * 1e3:.1f} ms")
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)  # may compile and cache the loops
+    for _ in range(3):
+        subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def cpu_busy(args: argparse.Namespace) -> None:
@@ -1377,7 +1425,7 @@ COMMANDS = {"kmeans-ops": kmeans_ops, "pagerank-spmv": pagerank_spmv, "block-siz
             "mttkrp-gemm": mttkrp_gemm, "logistic-exp": logistic_exp, "kept-map": kept_map,
             "sparse-loop": sparse_loop, "sparse-floor": sparse_floor, "sparse-layout": sparse_layout, "sparse-kmeans": sparse_kmeans,
             "parquet-bound": parquet_bound, "linreg-block": linreg_block, "ray-stop": ray_stop,
-            "ray-start": ray_start, "timeline": timeline, "driver-profile": driver_profile, "cpu-busy": cpu_busy}
+            "ray-start": ray_start, "timeline": timeline, "driver-profile": driver_profile, "numba-start": numba_start, "cpu-busy": cpu_busy}
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

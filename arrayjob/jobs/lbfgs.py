@@ -63,8 +63,9 @@ class LBFGSState:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> LBFGSState:
-        return cls(np.asarray(state["x"]), float(state["f"]), np.asarray(state["g"]), tuple(np.asarray(state["s"], dtype=np.float64)),
-                   tuple(np.asarray(state["y"], dtype=np.float64)), int(state["iteration"]), bool(state["done"]), bool(state.get("flat", False)))
+        s, y = (tuple(np.asarray(state[key], dtype=np.float64)) for key in ("s", "y"))  # rows of the saved (pairs, n)
+        return cls(np.asarray(state["x"]), float(state["f"]), np.asarray(state["g"]), s, y, int(state["iteration"]),
+                   bool(state["done"]), bool(state.get("flat", False)))
 
 
 def remember(pairs: Sequence[np.ndarray], v: np.ndarray, memory: int) -> tuple[np.ndarray, ...]:

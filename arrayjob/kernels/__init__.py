@@ -22,8 +22,9 @@ _loops_started = threading.Lock()
 
 
 def start_loops() -> None:
-    """Start numba in this process, in a thread, once: its typing and LLVM take about 0.2 s of
-    CPU at the first compiled loop a process runs (each cached loop then loads in milliseconds).
+    """Start numba in this process, in a thread, once: its import takes 0.17 s and its typing and
+    LLVM 0.23–0.25 s more at the first compiled loop a process runs; each cached loop then loads
+    in milliseconds (``benchmarks/bench_micro.py numba-start``).
     A worker reading a sparse block calls this, so that numba starts while the reads wait on
     storage, not in the job's first iteration."""
     if _loops_started.acquire(blocking=False):

@@ -9,8 +9,9 @@ LLVM vectorises it for long k only (32 lanes a step), so at the k = 8–39 of k-
 ran one double at a time, kept in memory. ``row_dots`` keeps 8⌊k/8⌋ sums as vectors of 8
 doubles for the whole row: one multiply-add per 8 centroids per non-zero, in the row's order,
 fused where the CPU fuses the scalar loop's (LLVM's ``fmuladd``, what numba's ``contract``
-gives it), so every lane adds exactly what the scalar loop adds, from 0.0: the same bits. It lives in this file because numba's on-disk cache of a loop is checked
-against the loop's own file only.
+gives it), so every lane adds exactly what the scalar loop adds, from 0.0: the same bits. It
+lives in this file because numba's on-disk cache of a loop is checked against the loop's own
+file only.
 """
 
 from __future__ import annotations
@@ -340,9 +341,9 @@ def nearest_group_sums_csr(Xd, Xi, Xp, d, CT, a, scale, ids):
     """``nearest_group_sums`` over a CSR block in two sweeps of its non-zeros: each row's k dot
     products with Cᵀ's rows at its columns and their argmin, then each row's values added into
     its centroid's sums, and its count. Two sweeps, each with its reads independent and many in
-    flight, beat one that alternates a row's dot products with its scattered adds: 98 against
-    135 ms a 500,000-row block on random columns, 56 against 62 on the benchmark's
-    (``bench_micro.py sparse-kmeans``). The sums are added in the same order either way."""
+    flight, beat one that alternates a row's dot products with its scattered adds (timed by hand
+    on random columns, when the sweeps were split: about a third less). The sums are added in
+    the same order either way."""
     k, n = CT.shape[1], Xp.shape[0] - 1
     labels = np.empty(n, dtype=np.int64)
     scores = np.empty(k)

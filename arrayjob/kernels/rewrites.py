@@ -251,8 +251,8 @@ def _nearest(kernel: Any, slot: int, shapes: Sequence[tuple[int, ...]], dtypes: 
 def _centroids(C: Any, transposed: bool, want_transposed: bool) -> np.ndarray:
     """C as a loop reads it: (k, d) rows for a dense X, (d, k) for a CSR one, its start on a
     cache line (64 bytes), where Ray's object store puts it: the CSR loops read a row of Cᵀ as
-    vectors of 8 doubles, and a vector split over two lines costs a fifth more on random columns
-    (``bench_micro.py sparse-kmeans``)."""
+    vectors of 8 doubles, and a vector split over two lines makes k-means' step a fifth to a third
+    slower (``bench_micro.py sparse-kmeans``: 16 bytes off a cache line and on one)."""
     C = np.asarray(C, dtype=np.float64)
     C = np.ascontiguousarray(C.T if transposed != want_transposed else C)
     if C.ctypes.data % CACHE_LINE == 0:
