@@ -1,6 +1,6 @@
 """Which job class a spec's ``algorithm`` names: a built-in (``logreg``), a user's class
 (``"my_package.ridge:Ridge"``), or a name an installed distribution registers under the
-entry-point group ``arrayjob.jobs`` (``pip install acme-jobs`` makes ``"acme.ridge"`` work).
+entry-point group ``arrayjob.algorithms`` (``pip install acme-jobs`` makes ``"acme.ridge"`` work).
 
 A name two of them claim (a built-in and an entry point, or two entry points) is an error
 naming both: nothing wins silently. Every problem is one ``SpecError`` line (exit 2); an
@@ -13,15 +13,15 @@ import importlib
 import os
 from importlib.metadata import EntryPoint, entry_points
 
+from arrayjob.algorithms import JOBS
 from arrayjob.api import Job
 from arrayjob.errors import JobCodeError, SpecError, blames_job, code_home, is_arrayjob_module
-from arrayjob.jobs import JOBS
 
-ENTRY_POINT_GROUP = "arrayjob.jobs"
+ENTRY_POINT_GROUP = "arrayjob.algorithms"
 
 
 def registered() -> dict[str, list[EntryPoint]]:
-    """The entry points of group ``arrayjob.jobs``, by name (several when distributions clash)."""
+    """The entry points of group ``arrayjob.algorithms``, by name (several when distributions clash)."""
     found: dict[str, list[EntryPoint]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(ep.name, []).append(ep)

@@ -1,7 +1,7 @@
 """The one exception hierarchy. Each class carries the exit code the CLI returns for it.
 
 The classes are the one place the codes live: README.md's exit-code table names the class
-of each code and ``tests/test_docs.py`` checks it against them (docs/guarantees.md gives
+of each code and ``tests/unit/test_docs.py`` checks it against them (docs/guarantees.md gives
 every case of each code). The CLI adds two of its own: 0 for success and 130 for
 ``KeyboardInterrupt``; any other exception is a bug and exits 1, as ``ArrayJobError`` does.
 ``arrayjob submit`` exits with the submitted job's own code (``RemoteJobFailed``).

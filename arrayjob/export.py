@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
+from arrayjob.algorithms import JOBS
+from arrayjob.algorithms.predict import model_arrays
 from arrayjob.errors import InputError, SpecError, StorageError
 from arrayjob.io.arrays import read_whole
 from arrayjob.io.locations import Location, StorageOptions
 from arrayjob.io.model import PublishedModel, open_model
-from arrayjob.jobs import JOBS
-from arrayjob.jobs.predict import model_arrays
 
 FORMATS = ("sklearn", "onnx")
 ONNX_EXTRA = "--format onnx: needs skl2onnx and onnx, the onnx extra: pip install 'arrayjob[onnx]'"

@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from arrayjob.algorithms import JOBS
 from arrayjob.api.job import Job, JobContext, JobResult, check_tables
 from arrayjob.catalog import get_job, job_code
 from arrayjob.costing.estimate import Estimate, estimate_job, job_block_target, stream_rates
@@ -33,7 +34,6 @@ from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, TableSel
 from arrayjob.io.model import PublishedModel, open_model
 from arrayjob.io.output import JobOutput
 from arrayjob.io.sparse import is_sparse_group, open_sparse_info
-from arrayjob.jobs import JOBS
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import Residency, StreamRates
 from arrayjob.report import html as report_html
@@ -41,9 +41,9 @@ from arrayjob.report.build import build_report
 from arrayjob.runtime.cluster import ClusterInfo, cluster_shape, ray_cluster
 from arrayjob.runtime.metrics import NodeLog, RunMetrics
 from arrayjob.runtime.node_types import ClusterTypes, read_node_types
-from arrayjob.runtime.pause import hold_from_environment
 from arrayjob.runtime.scaling import NodeRequest, requested_nodes
 from arrayjob.runtime.session import MemoryBudget, Session
+from arrayjob.runtime.supervision.pause import hold_from_environment
 from arrayjob.spec import JobSpec
 
 
@@ -293,7 +293,7 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
                     cluster = stack.enter_context(
                         requested_nodes(node_request(choice, spec), metrics.nodes, notify))
             from arrayjob.runtime.ray_executor import RayExecutor
-            from arrayjob.runtime.store_monitor import watching
+            from arrayjob.runtime.supervision.store_monitor import watching
 
             stack.enter_context(watching(metrics.stores))  # what the stores really held, per node
 

@@ -16,7 +16,7 @@ Workloads: logreg (one loss-and-gradient evaluation, and L-BFGS iterations), tsq
 pagerank, mttkrp, s3 (loading a Zarr array from S3), e2e (the demo job), spark (Spark MLlib on
 the same X and y: benchmarks/bench_spark.py; one line when pyspark or Java is missing). Sizes: ``full``
 (the issue's: X 4,000,000 × 64 float64, PageRank 1M nodes / 10M edges, MTTKRP 400³, 1 GiB
-from S3), ``quick`` (a few minutes, for development) and ``tiny`` (seconds: tests/test_bench.py).
+from S3), ``quick`` (a few minutes, for development) and ``tiny`` (seconds: tests/system/benchmarks/test_bench.py).
 The JSON and Markdown are written again after every workload (``complete`` is true at the end),
 so a crash keeps the rows before it. Data are generated once into
 ``--workdir`` (default .arrayjob/bench) and reused.

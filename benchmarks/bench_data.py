@@ -59,7 +59,7 @@ SIZES = {
     "quick": Size("quick", rows=500_000, cols=64, chunk_rows=25_000, pr_nodes=200_000, pr_edges=2_000_000,
                   pr_chunk=500_000, nx_nodes=20_000, nx_edges=200_000, tensor=200, tensor_chunk=10, rank=32,
                   s3_bytes=128 * MiB, s3_chunk_rows=8_192, iterations=5),
-    # seconds: tests/test_bench.py runs the harness end to end at it
+    # seconds: tests/system/benchmarks/test_bench.py runs the harness end to end at it
     "tiny": Size("tiny", rows=20_000, cols=16, chunk_rows=5_000, pr_nodes=2_000, pr_edges=20_000, pr_chunk=1_000,
                  nx_nodes=2_000, nx_edges=20_000, tensor=20, tensor_chunk=5, rank=4, s3_bytes=2 * MiB,
                  s3_chunk_rows=1_024, iterations=3, k=4),

@@ -12,10 +12,10 @@ from bench_context import Context, rows_per_block
 from bench_harness import Row, dask_threads, repeat_timed, stopwatch, timed
 from bench_logreg import TUNING
 
+from arrayjob.algorithms.pagerank.graph import distinct
+from arrayjob.algorithms.pagerank.job import PageRank, PageRankParams
+from arrayjob.algorithms.tensor import MTTKRP, MTTKRPParams
 from arrayjob.api.job import JobContext
-from arrayjob.jobs.pagerank import PageRank, PageRankParams
-from arrayjob.jobs.pagerank_graph import distinct
-from arrayjob.jobs.tensor import MTTKRP, MTTKRPParams
 from arrayjob.runtime.metrics import RunMetrics
 
 DAMPING = 0.85
@@ -30,7 +30,7 @@ def scipy_graph(edges: np.ndarray, n: int) -> tuple[Any, np.ndarray]:
     by the out-degrees once, as arrayjob's kept blocks are), and the dangling nodes."""
     import scipy.sparse
 
-    keys = distinct(edges[:, 1] * n + edges[:, 0])  # np.unique, at np.sort's speed (jobs.pagerank_graph.distinct)
+    keys = distinct(edges[:, 1] * n + edges[:, 0])  # np.unique, at np.sort's speed (algorithms.pagerank.graph.distinct)
     At = scipy.sparse.csr_matrix((np.ones(len(keys)), (keys // n, keys % n)), shape=(n, n))
     outdeg = np.asarray(At.sum(axis=0)).ravel()
     dangling = outdeg == 0

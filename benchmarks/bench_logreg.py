@@ -19,8 +19,8 @@ from bench_context import Context, rows_per_block
 from bench_harness import Row, Timing, dask_threads, repeat_timed, timed
 from scipy.special import expit
 
+from arrayjob.algorithms.logreg import LogisticRegression, LogRegParams
 from arrayjob.api.job import JobContext
-from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
 from arrayjob.runtime.metrics import RunMetrics
 
 L2 = 1e-4  # the demo spec's

@@ -17,10 +17,10 @@ from bench_harness import Row, dask_threads, repeat_timed, timed
 from bench_logreg import MiB, dask_arrays, plan_note
 
 import arrayjob.lazy as la
+from arrayjob.algorithms.kmeans import kmeans_program
+from arrayjob.algorithms.linreg import LinearRegression, LinRegParams
+from arrayjob.algorithms.tsqr import R1, TSQR, TSQRParams, cholesky_upper, sum_grams
 from arrayjob.api.job import JobContext
-from arrayjob.jobs.kmeans import kmeans_program
-from arrayjob.jobs.linreg import LinearRegression, LinRegParams
-from arrayjob.jobs.tsqr import R1, TSQR, TSQRParams, cholesky_upper, sum_grams
 from arrayjob.runtime.metrics import RunMetrics
 
 

@@ -140,7 +140,7 @@ def block_sizes(_: argparse.Namespace) -> None:
     from bench_data import SIZES
     from bench_limits import Limits
 
-    from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
+    from arrayjob.algorithms.logreg import LogisticRegression, LogRegParams
     from arrayjob.runtime.cluster import ray_cluster
     from arrayjob.spec import ClusterOptions
 
@@ -211,7 +211,7 @@ def tsqr_block(_: argparse.Namespace) -> None:
     2,048-row sub-blocks) against CholeskyQR2's passes over the same block."""
     from threadpoolctl import threadpool_limits
 
-    from arrayjob.jobs.tsqr import (
+    from arrayjob.algorithms.tsqr import (
         cholesky_of_stack,
         cholesky_upper,
         gram_block,
@@ -275,7 +275,7 @@ def pagerank_build(_: argparse.Namespace) -> None:
     import scipy.sparse
     import zarr
 
-    from arrayjob.jobs.pagerank_graph import (
+    from arrayjob.algorithms.pagerank.graph import (
         BuildBlock,
         SplitByTarget,
         degree_order,
@@ -343,7 +343,7 @@ def pagerank_order(_: argparse.Namespace) -> None:
     """The SpMV of each of the two blocks of Aᵀ D⁻¹ (as the pagerank job cuts the full-size
     graph on 2 workers) under the Fibonacci-hashed numbering and under ``degree_order``'s,
     one thread, three alternating rounds: the busiest sources' ranks stay in the cache."""
-    from arrayjob.jobs.pagerank_graph import degree_order
+    from arrayjob.algorithms.pagerank.graph import degree_order
 
     edges, n = _graph()
     labels = degree_order(np.bincount(edges[:, 0], minlength=n), -(-n // 2)).astype(np.int64)
@@ -366,7 +366,7 @@ def pagerank_iteration(_: argparse.Namespace) -> None:
     import numba
     import ray
 
-    from arrayjob.jobs.pagerank_graph import degree_order
+    from arrayjob.algorithms.pagerank.graph import degree_order
 
     edges, n = _graph()
     split = -(-n // 2)
@@ -984,7 +984,7 @@ def _numba_gather(X: Any, w: np.ndarray, index: type):  # type: ignore[no-untype
 
 
 def sparse_kmeans(args: argparse.Namespace) -> None:
-    """K-means' step and its final pass (``jobs.kmeans.kmeans_program``, sparse: centroids held
+    """K-means' step and its final pass (``algorithms.kmeans.kmeans_program``, sparse: centroids held
     as (d, k)) on one CSR block of ``--rows`` rows (default 1,000,000; the benchmark's
     500,000-row blocks at full size) × 2^16, 30 non-zeros a row (``--columns``: at random, or a
     cluster centre's as in bench_sparse's X), k = 16, 1 thread: each as the
@@ -997,7 +997,7 @@ def sparse_kmeans(args: argparse.Namespace) -> None:
     from threadpoolctl import threadpool_limits
 
     from arrayjob import lazy as la
-    from arrayjob.jobs.kmeans import centroid_values, kmeans_program
+    from arrayjob.algorithms.kmeans import centroid_values, kmeans_program
     from arrayjob.kernels import compiler
     from arrayjob.kernels import sparse as block_steps
 
@@ -1171,7 +1171,7 @@ def linreg_block(_: argparse.Namespace) -> None:
     from scipy.linalg.blas import dgemm, dtrsm
     from threadpoolctl import threadpool_limits
 
-    from arrayjob.jobs.linreg import augmented_r_with_ones
+    from arrayjob.algorithms.linreg import augmented_r_with_ones
 
     rng = np.random.default_rng(0)
     m, d, piece = BLOCK_ROWS, 64, 8192

@@ -42,10 +42,10 @@ import numpy as np  # noqa: E402
 def _program(ctx, workload: str):  # type: ignore[no-untyped-def]
     """(program, values, storage) of one pass of ``workload``, as bench.py runs it."""
     import arrayjob.lazy as la
+    from arrayjob.algorithms.kmeans import kmeans_program
+    from arrayjob.algorithms.logreg import LogisticRegression, LogRegParams
+    from arrayjob.algorithms.tensor import MTTKRP, MTTKRPParams
     from arrayjob.io.locations import StorageOptions
-    from arrayjob.jobs.kmeans import kmeans_program
-    from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
-    from arrayjob.jobs.tensor import MTTKRP, MTTKRPParams
 
     s = ctx.size
     if workload == "logreg":
@@ -57,7 +57,7 @@ def _program(ctx, workload: str):  # type: ignore[no-untyped-def]
         step = kmeans_program(la.from_zarr(ctx.info("logreg", "X")), s.k, final=False)
         return step, {"centroids": C, "centroid_sq": (C**2).sum(1), "cluster_ids": np.arange(s.k, dtype=float)}, None
     if workload == "tsqr":  # the pass that forms Q; trsm's time does not depend on R₁'s values
-        from arrayjob.jobs.tsqr import R1, TSQR, TSQRParams
+        from arrayjob.algorithms.tsqr import R1, TSQR, TSQRParams
 
         return TSQR(TSQRParams(), {"A": ctx.info("logreg", "X")}).program(ctx.workers), {R1: np.eye(s.cols)}, None
     if workload == "mttkrp":
@@ -87,8 +87,8 @@ class _Enough(Exception):
 def _pagerank(ctx, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
     """The pagerank job as it runs; py-spy starts at the first iteration (the job's first
     compute bound to a "rank" value) and the iterations outlast it."""
+    from arrayjob.algorithms.pagerank.job import PageRank, PageRankParams
     from arrayjob.api.job import JobContext
-    from arrayjob.jobs.pagerank import PageRank, PageRankParams
     from arrayjob.runtime.metrics import RunMetrics
 
     session, metrics = ctx.session(), RunMetrics()
@@ -416,10 +416,10 @@ def graph_build(args: argparse.Namespace) -> None:
     execution and storing the results: where the graph build's time goes."""
     import ray
 
+    from arrayjob.algorithms.pagerank.job import PageRank, PageRankParams
     from arrayjob.api.job import JobContext
     from arrayjob.io.arrays import open_array_info
     from arrayjob.io.locations import StorageOptions, parse_uri
-    from arrayjob.jobs.pagerank import PageRank, PageRankParams
     from arrayjob.planner.plan import ClusterShape, PlanOptions
     from arrayjob.runtime.cluster import ray_cluster
     from arrayjob.runtime.metrics import RunMetrics

@@ -34,10 +34,10 @@ from bench_context import Context
 from bench_data import Size
 from bench_harness import Row, repeat_timed, run_measured
 
+from arrayjob.algorithms.kmeans import KMeans, KMeansParams
+from arrayjob.algorithms.linreg import LinearRegression, LinRegParams
+from arrayjob.algorithms.logreg import LogisticRegression, LogRegParams
 from arrayjob.api.job import JobContext
-from arrayjob.jobs.kmeans import KMeans, KMeansParams
-from arrayjob.jobs.linreg import LinearRegression, LinRegParams
-from arrayjob.jobs.logreg import LogisticRegression, LogRegParams
 from arrayjob.runtime.metrics import RunMetrics
 
 HERE = Path(__file__).resolve().parent

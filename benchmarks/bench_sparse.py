@@ -3,7 +3,7 @@ memory, and against one read of the CSR bytes, side by side in one run.
 
 (Named bench_sparse, not sparse: bench.py puts this directory first on sys.path, and a
 ``sparse.py`` here shadowed pydata's ``sparse``, which ``dask.array`` imports: ``make bench``
-stopped at its first dask row. tests/test_bench.py runs bench.py's harness to catch the next.)
+stopped at its first dask row. tests/system/benchmarks/test_bench.py runs bench.py's harness to catch the next.)
 
     .venv/bin/python benchmarks/bench_sparse.py [--size full|quick|tiny] [--only logreg,kmeans] [--repeat 3]
                                           [--workdir DIR] [--json FILE] [--markdown FILE]
@@ -13,7 +13,7 @@ Data are written once by ``arrayjob datagen ... --nnz-per-row 30`` into ``--work
 (default .arrayjob/bench/sparse/SIZE; a ``datagen.json`` beside them says they are complete)
 and reused. Sizes: ``full`` (the issue's: logreg X 10,000,000 × 2²⁰, 30 non-zeros a row, 3.6
 GB of CSR; kmeans X 2,000,000 × 2¹⁶, 30 a row, 0.72 GB, k = 16), ``quick`` (1,000,000 and
-200,000 rows) and ``tiny`` (5,000 rows each: tests/test_bench_sparse.py runs it).
+200,000 rows) and ``tiny`` (5,000 rows each: tests/system/benchmarks/test_bench_sparse.py runs it).
 
 Rows (each written to ``--json`` and ``--markdown`` as it finishes, so a crash keeps the rows
 before it):

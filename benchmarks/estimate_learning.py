@@ -4,7 +4,7 @@
                                                      [--json FILE] [--markdown FILE]
 
 For every config in ``configs/`` (on its demo data: ``demo`` is the size its header names,
-``quick`` the small data tests/test_configs.py runs), run ``arrayjob run CONFIG --overwrite
+``quick`` the small data tests/integration/test_configs.py runs), run ``arrayjob run CONFIG --overwrite
 --json`` as a user would, ``--runs`` times, in a history of its own (``ARRAYJOB_HISTORY`` in
 a fresh directory: the first run has none), from the checkout (so the profile is the one
 ``arrayjob calibrate`` saved there, if any). Each run's estimate is the one it made before
@@ -30,7 +30,7 @@ from bench_harness import commit, machine_line
 REPO = Path(__file__).resolve().parents[1]
 ARRAYJOB = str(Path(sys.executable).parent / "arrayjob")
 TARGET = 0.25
-# quick: the demo data of tests/test_configs.py, a little larger (a run is mostly Ray's start)
+# quick: the demo data of tests/integration/test_configs.py, a little larger (a run is mostly Ray's start)
 QUICK = {
     "logreg": "--rows 20000 --cols 8 --chunk-rows 2500",
     "logreg_multinomial": "--rows 20000 --cols 8 --chunk-rows 2500 --classes 4",

@@ -14,7 +14,7 @@ Sizes: ``full`` (the issue's "a good part of this machine's memory": 4,000,000 r
 50,000 items, 40 ratings a user, 40 million ratings; with scikit-learn's copies and Spark's
 cache beside arrayjob's blocks that is several times X: run it on a quiet machine), ``quick``
 (200,000 rows; ALS 50,000 users × 5,000 items, 20 ratings a user) and ``tiny`` (2,000 rows:
-tests/test_bench_models.py runs it).
+tests/system/benchmarks/test_bench_models.py runs it).
 
 *arrayjob*: one ``arrayjob run`` of each model's spec, in this process, on one local Ray this
 benchmark starts once (as the runner reuses an initialised Ray: the ``connect`` stage is then

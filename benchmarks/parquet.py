@@ -12,7 +12,7 @@ beside them says they are complete) and reused: standard normal features ``f0`` 
 Zarr v3 array whose chunks are those row groups (zarr's default codec, Zstandard), so both
 are read as the same 16 blocks. Sizes: ``full`` (the issue's: 4,000,000 rows, 2.05 GB, row
 groups of 250,000 rows, 128 MB), ``quick`` (400,000 rows, 12.8 MB row groups) and ``tiny``
-(16,000 rows: tests/test_bench_parquet.py runs it).
+(16,000 rows: tests/system/benchmarks/test_bench_parquet.py runs it).
 
 Rows (all load seconds; the median of ``--repeat`` runs after a warm-up run of each):
 

@@ -31,8 +31,8 @@ quiet_async_teardown()
 os.environ.pop("RAY_ADDRESS", None)
 
 # The fake autoscaling cluster's tests stop every Ray in sight: collected only when
-# tests/autoscale/run.sh runs them in a private namespace (`make test`, after the suite).
-collect_ignore = [] if os.environ.get("ARRAYJOB_FAKE_CLUSTER") == "1" else ["autoscale"]
+# tests/system/autoscale/run.sh runs them in a private namespace (`make test`, after the suite).
+collect_ignore = [] if os.environ.get("ARRAYJOB_FAKE_CLUSTER") == "1" else ["system/autoscale"]
 
 
 def _free_port() -> int:
@@ -80,9 +80,9 @@ def ray_session() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def multinode_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """One local multi-node Ray cluster for the session, in a harness process of its own
-    (``tests/cluster_harness.py``): the node-loss, node-change, signal and multi-node cases
+    (``tests/harness/cluster_harness.py``): the node-loss, node-change, signal and multi-node cases
     call functions there that add and kill worker nodes."""
-    from tests.cluster_harness import started
+    from tests.harness.cluster_harness import started
 
     with started(tmp_path_factory.mktemp("multinode-cluster")) as client:
         yield client
@@ -107,7 +107,7 @@ def put(tmp_path):
     """Write ``data`` as a Zarr array under ``tmp_path``; returns its ``ArrayInfo``."""
     from arrayjob.io.arrays import open_array_info
     from arrayjob.io.locations import StorageOptions, parse_uri
-    from tests.helpers import write_array
+    from tests.harness.helpers import write_array
 
     def put(name, data, chunks):
         write_array(str(tmp_path / f"{name}.zarr"), data, chunks)
@@ -119,7 +119,7 @@ def put(tmp_path):
 @pytest.fixture
 def data(workdir: Path) -> Path:
     """A small logistic-regression input under ``data/`` in the working directory."""
-    from tests.helpers import logreg_data, write_array
+    from tests.harness.helpers import logreg_data, write_array
 
     X, y = logreg_data(200, 3)
     write_array("data/X.zarr", X, (50, 3))

@@ -8,7 +8,7 @@
 # worker fills that idle CPU. The tests that start clusters of many processes (the multi-node
 # harness, the Ray job server) run one after another on one worker, and the tests that share a
 # module's fixture stay on one worker (tests/conftest.py groups them). The fake autoscaling
-# cluster of tests/autoscale (run in a namespace of its own by tests/test_fake_cluster.py)
+# cluster of tests/system/autoscale (run in a namespace of its own by tests/system/test_fake_cluster.py)
 # comes after the suite, alone. TEST_WORKERS sets the workers (2; 3 took the suite from 485 to
 # 450 s on this machine, quiet, with more contention for a machine that may be slower).
 # mypy runs in the background beside it; its output is kept in .arrayjob/test/mypy.log and
@@ -32,8 +32,8 @@ failed=""
 "$BIN/python" -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup -m "not autoscale" "$@" || failed="$failed pytest"
 # The fake autoscaling cluster's tests last, in a pytest process of their own once the suite's
 # Rays are gone: never beside another Ray (they run in a private namespace too, see
-# tests/test_fake_cluster.py)
-"$BIN/python" -m pytest -m autoscale tests/test_fake_cluster.py || failed="$failed autoscale"
+# tests/system/test_fake_cluster.py)
+"$BIN/python" -m pytest -m autoscale tests/system/test_fake_cluster.py || failed="$failed autoscale"
 
 echo "== mypy ($logs/mypy.log)"
 wait $mypy || failed="$failed mypy"

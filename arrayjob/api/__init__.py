@@ -5,13 +5,13 @@ A job is a class: its inputs, a ``Params`` dataclass with checks, the programs i
 over lazy arrays (``from_input(self.arrays["X"]) @ value("w", (d,))``) that arrayjob tiles,
 fuses, places and runs on Ray; small state stays NumPy on the driver. Name it in a spec as
 ``algorithm = "my_package.ridge:Ridge"``, or register it under the entry-point group
-``arrayjob.jobs``. docs/writing-jobs.md is the tutorial and the reference.
+``arrayjob.algorithms``. docs/writing-jobs.md is the tutorial and the reference.
 
 Stability: the names in ``__all__`` are the public surface, versioned by ``API_VERSION``
 (major.minor). A minor version adds names or keyword arguments; a major version is the only
 one that removes or changes them, and the release notes say how to move. Anything else in
 ``arrayjob`` (``arrayjob.planner``, ``arrayjob.runtime``, ``arrayjob.io``, …) is internal and
-may change in any release. ``tests/test_api.py`` checks that the built-in jobs import
+may change in any release. ``tests/unit/api/test_user_jobs.py`` checks that the built-in jobs import
 nothing else of arrayjob (and ``lint-imports`` enforces it).
 """
 

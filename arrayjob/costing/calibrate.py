@@ -3,7 +3,7 @@
 Compute rates are measured inside Ray tasks (one thread each, as the job's kernels run),
 one per kind of work the cost model counts (``planner.cost.WORK_KINDS``), each on the
 operation the kernels really run for it: numexpr expressions over a cache-sized row chunk
-(``row_chunks.CHUNK_BYTES``), ``kernels.primitives.evaluate`` for contractions, ``jobs.tsqr``'s
+(``row_chunks.CHUNK_BYTES``), ``kernels.primitives.evaluate`` for contractions, ``algorithms.tsqr``'s
 LAPACK QR on its sub-blocks. Read and write rates are the block paths themselves (workers
 read a Zarr array of the bucket into the object store, and write it back with
 ``lazy.store``); request latency is measured from the driver. Everything written to the
@@ -121,19 +121,19 @@ def einsum_rate() -> float:
 
 
 def qr_rate(cols: int = 64, rows: int = 2**16) -> float:
-    """Flops/s of TSQR's block QR (``jobs.tsqr.qr_block``: LAPACK QR of its sub-blocks and
+    """Flops/s of TSQR's block QR (``algorithms.tsqr.qr_block``: LAPACK QR of its sub-blocks and
     of their stacked R, Q formed) on a ``rows`` × ``cols`` block, counted as its declared
     cost counts it (the BLAS part at the contraction rate is small beside it)."""
-    from arrayjob.jobs.tsqr import qr_block, qr_block_cost
+    from arrayjob.algorithms.tsqr import qr_block, qr_block_cost
 
     a = np.random.default_rng(6).standard_normal((rows, cols))
     return _per_second(qr_block_cost([a.shape])["qr_flops"], lambda: qr_block(a))
 
 
 def triangular_solve_rate(cols: int = 64, rows: int = 2**17) -> float:
-    """Flops/s (mn²) of CholeskyQR2's triangular solve (``jobs.tsqr.solve_block``, BLAS
+    """Flops/s (mn²) of CholeskyQR2's triangular solve (``algorithms.tsqr.solve_block``, BLAS
     trsm) on a ``rows`` × ``cols`` block."""
-    from arrayjob.jobs.tsqr import solve_block, solve_cost
+    from arrayjob.algorithms.tsqr import solve_block, solve_cost
 
     a = np.random.default_rng(7).standard_normal((rows, cols))
     r = np.linalg.cholesky(a.T @ a).T.copy()
@@ -147,7 +147,7 @@ def graph_rates() -> dict[str, float]:
     the cache (2^19 nodes) and from one that does not (2^22 nodes, 32 MiB)."""
     import scipy.sparse
 
-    from arrayjob.jobs.pagerank_graph import BuildBlock, SplitByTarget, degree_order
+    from arrayjob.algorithms.pagerank.graph import BuildBlock, SplitByTarget, degree_order
 
     rng = np.random.default_rng(7)
     n = 2**22

@@ -37,7 +37,7 @@ STORAGE_CONCURRENCY = 8  # requests in flight per node when reading blocks
 # How long a node the autoscaler adds for a job takes to be usable when neither the spec
 # ([cluster] node_startup) nor the price table (node_startup of the node type) says: a cloud
 # VM booting, starting Ray and joining the cluster is about a minute (the fake cluster's
-# raylets on one host: 15-22 s, tests/autoscale/prices.toml).
+# raylets on one host: 15-22 s, tests/system/autoscale/prices.toml).
 DEFAULT_NODE_STARTUP_SECONDS = 60.0
 
 

@@ -46,13 +46,13 @@ class MachineProfile:
     contraction_flops_per_s: float = _SHIPPED["contraction_flops"]
     # three-operand contractions (MTTKRP's three modes)
     einsum_flops_per_s: float = _SHIPPED["einsum_flops"]
-    # jobs.tsqr.qr_block on a 65,536 × 64 block
+    # algorithms.tsqr.qr_block on a 65,536 × 64 block
     qr_flops_per_s: float = _SHIPPED["qr_flops"]
-    # jobs.tsqr.solve_block (trsm) on a 131,072 × 64 block
+    # algorithms.tsqr.solve_block (trsm) on a 131,072 × 64 block
     triangular_solve_flops_per_s: float = _SHIPPED["triangular_solve_flops"]
-    # edges per second, jobs.pagerank_graph.SplitByTarget on 2^21 edges
+    # edges per second, algorithms.pagerank.graph.SplitByTarget on 2^21 edges
     edge_split_per_s: float = _SHIPPED["edge_split"]
-    # edges per second, jobs.pagerank_graph.BuildBlock of 2^23 edges
+    # edges per second, algorithms.pagerank.graph.BuildBlock of 2^23 edges
     edge_build_per_s: float = _SHIPPED["edge_build"]
     # nonzeros per second of a CSR matrix × vector (512K nodes)
     sparse_product_per_s: float = _SHIPPED["sparse_product"]

@@ -32,7 +32,7 @@ per row, ``x·c`` for every c gathers k contiguous floats per non-zero from C he
 no one-hot matrix and no SciPy product; k-means' final pass (labels, and the least score of
 each row for the inertia) is one such loop too (``_nearest_and_least``). A job that knows X
 is sparse binds the centroids
-transposed (``jobs.kmeans.nearest_centroid``, ``X @ Cᵀ`` as ``einsum("ij,jk->ik")``); given as
+transposed (``algorithms.kmeans.nearest_centroid``, ``X @ Cᵀ`` as ``einsum("ij,jk->ik")``); given as
 (k, d) they are transposed per call.
 
 *Arg-reductions over short rows.* ``argmin``/``argmax`` over the last axis of an n × k array

@@ -68,7 +68,7 @@ def greedy_choice(model: TilingModel) -> dict[int, int]:
 
     Then each group is re-chosen given all the others until none improves, from that
     result and from two uniform starts (all whole where allowed, all cut on the first
-    candidate); the cheapest wins. On 1000 random programs (``tests/test_tiling.py``) this
+    candidate); the cheapest wins. On 1000 random programs (``tests/unit/planner/test_tiling.py``) this
     matches ``exact`` on 997, within 17% on the rest.
     """
     choice = {r: 0 for r in model.groups if r not in model.free_groups}

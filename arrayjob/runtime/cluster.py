@@ -18,8 +18,8 @@ from typing import Any
 
 from arrayjob.errors import ClusterError, Terminated
 from arrayjob.planner.plan import ClusterShape
-from arrayjob.runtime import reaper
-from arrayjob.runtime.private_ray import PrivateRayWatch, private_processes
+from arrayjob.runtime.supervision import reaper
+from arrayjob.runtime.supervision.private_ray import PrivateRayWatch, private_processes
 from arrayjob.units import parse_bytes, parse_duration
 
 

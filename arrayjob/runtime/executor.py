@@ -31,7 +31,7 @@ from arrayjob.runtime.metrics import RunMetrics
 
 
 class Executor(ABC):
-    """What ``Session`` and the runner need of an executor; ``tests/test_executor_conformance.py``
+    """What ``Session`` and the runner need of an executor; ``tests/integration/runtime/test_executor_conformance.py``
     runs the same cases against every implementation.
 
     Blocks are named three ways: a source block (``SourceBlock``: read from storage, held

@@ -32,13 +32,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from arrayjob.io.locations import StorageOptions
 from arrayjob.planner.physical import CachedBlock, PhysicalPlan, SourceBlock, TaskResult
 from arrayjob.planner.residency import Residency
-from arrayjob.runtime import kept_spill, reaper, spill, worker_tasks
+from arrayjob.runtime import kept_spill, spill, worker_tasks
 from arrayjob.runtime.block_cache import BlockCache, block_bytes
 from arrayjob.runtime.executor import Executor
 from arrayjob.runtime.metrics import RunMetrics
 from arrayjob.runtime.node_watch import NodeWatch
 from arrayjob.runtime.replay import replay
 from arrayjob.runtime.spill import StreamedRead
+from arrayjob.runtime.supervision import reaper
 from arrayjob.runtime.worker_tasks import TASK_RETRIES, KeptBlockLost, nbytes
 
 __all__ = ["BIG_TASK_BYTES", "INLINE_VALUE_BYTES", "TASK_RETRIES", "KeptBlockLost", "RayExecutor"]

@@ -17,9 +17,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from arrayjob.errors import CapacityError
-from arrayjob.runtime import request_guard
 from arrayjob.runtime.cluster import ClusterInfo, describe
 from arrayjob.runtime.metrics import NodeLog
+from arrayjob.runtime.supervision import request_guard
 from arrayjob.units import duration, size
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines while nothing changes
