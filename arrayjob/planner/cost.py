@@ -364,6 +364,27 @@ def task_work(task: Task, in_shapes: list[tuple[int, ...]], in_density: list[flo
     return work
 
 
+class TaskClasses:
+    """The work of tasks by class: tasks that run the same kernel on arguments of the same
+    shapes and densities, with results of the same sizes, do the same work, so a regular
+    tiling's thousands of block tasks cost a handful of ``task_work`` calls. Owned by one
+    plan's costing or placement (its key holds the kernel itself, alive as long as the plan)."""
+
+    def __init__(self) -> None:
+        self._work: dict[tuple[object, ...], Counter[str]] = {}
+
+    def work(self, task: Task, in_shapes: list[tuple[int, ...]], in_density: list[float]) -> Counter[str]:
+        key = (id(task.kernel), tuple(in_shapes), tuple(in_density), task.out_bytes)
+        found = self._work.get(key)
+        if found is None:
+            found = self._work[key] = task_work(task, in_shapes, in_density)
+            self._work[key + ("kernel",)] = task.kernel  # type: ignore[assignment]  # keeps id() unique
+        return found
+
+    def __len__(self) -> int:
+        return len(self._work) // 2
+
+
 def network_seconds(moved: float, busiest: float, nodes: int, rate: float) -> float:
     """Moving ``moved`` bytes between ``nodes`` nodes, ``busiest`` of them into one node: the
     network's aggregate rate bounds it, and so does that node's own link (a 30 GB gather into
@@ -417,7 +438,8 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
             else:
                 load.reserve(node % nodes, nbytes)
     shape_of: dict[TaskResult, tuple[int, ...]] = {}
-    per_task: list[tuple[int, int, dict[str, float]]] = []
+    classes = TaskClasses()
+    per_task: list[tuple[int, int, Mapping[str, float]]] = []
     reads: list[tuple[int, int]] = []
     bytes_read = requests = 0
     work: Counter[str] = Counter()
@@ -439,11 +461,11 @@ def physical_cost(physical: PhysicalPlan, nodes: int, homes: dict[BlockKey, tupl
                 in_shapes.append(arg.shape)
         for p in range(task.num_outputs):
             shape_of[TaskResult(task.id, p)] = task.out_shapes[p] if task.out_shapes else ()
-        kinds = task_work(task, in_shapes, [physical.density(a) for a in task.args])
+        kinds = classes.work(task, in_shapes, [physical.density(a) for a in task.args])
         work.update(kinds)
         before = load.work[node]
         load.run(task, node)
-        per_task.append((node, load.work[node] - before, dict(kinds)))
+        per_task.append((node, load.work[node] - before, kinds))
     return PlanCost(
         bytes_read=bytes_read, get_requests=requests, bytes_written=0, bytes_between_nodes=load.moved,
         bytes_touched=sum(load.work), peak_bytes_per_node=tuple(load.peak), flops=int(flops_of(work)),

@@ -16,8 +16,8 @@ from arrayjob.planner.cost import (
     ClusterLoad,
     Trial,
     block_shape,
+    TaskClasses,
     network_seconds,
-    task_work,
     work_seconds,
 )
 from arrayjob.planner.physical import (
@@ -229,6 +229,8 @@ class _Placer:
         self.done: set[str] = set()
         self.free_tasks: set[str] = set()  # placed where any node was a candidate
         self.pinned: dict[str, int] = {}  # task id -> the node it must run on
+        self.classes = TaskClasses()  # the work of each class of task, found once
+        self._seconds: dict[int, float] = {}  # compute seconds by the id of a class's work
 
     def again(self, pinned: dict[str, int]) -> _Placer:
         """A new placement of the same plan, the same way, with ``pinned`` tasks on their nodes."""
@@ -297,8 +299,11 @@ class _Placer:
         shapes = [block_shape(self.sources[a.array], a) if isinstance(a, SourceBlock)
                   else self.shapes.get(a, ()) if isinstance(a, TaskResult) else a.shape
                   for a in task.args]
-        return work_seconds(task_work(task, shapes, [self.physical.density(a) for a in task.args]),
-                            self.shape.work_rates)
+        work = self.classes.work(task, shapes, [self.physical.density(a) for a in task.args])
+        key = id(work)
+        if key not in self._seconds:
+            self._seconds[key] = work_seconds(work, self.shape.work_rates)
+        return self._seconds[key]
 
     def place(self, task: Task, candidates: Iterable[int]) -> TaskResult:
         free = self.balance and isinstance(candidates, range) and len(candidates) == self.nodes
