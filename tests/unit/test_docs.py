@@ -3,6 +3,7 @@ architecture page stays a page."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -61,3 +62,13 @@ def test_every_decision_record_has_its_parts() -> None:
         text = record.read_text(encoding="utf-8")
         for part in ("**Context.**", "**Decision.**", "**Measurements.**"):
             assert part in text, f"{record.name} lacks {part}"
+
+
+def test_benchmarks_page_is_generated_from_the_results() -> None:
+    spec = importlib.util.spec_from_file_location("bench_table", ROOT / "benchmarks" / "table.py")
+    assert spec and spec.loader
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert page == table.render(), "docs/benchmarks.md is out of date: run benchmarks/table.py"
+    assert len(page.splitlines()) <= 300
