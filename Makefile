@@ -83,8 +83,8 @@ deploy-examples: $(VENV)/.installed-test
 	$(BIN)/python deploy/examples.py
 
 # arrayjob against its peers (Spark MLlib among them: bench-java below) and the machine's limits,
-# then jobs bigger than the object store, then sparse X against scikit-learn and Spark, then issue
-# 26's models against scikit-learn and Spark, then Parquet loads against pyarrow, then the learning
+# then jobs bigger than the object store, then sparse X against scikit-learn and Spark, then the
+# models against scikit-learn and Spark, then Parquet loads against pyarrow, then the learning
 # estimate (each shipped config four times on small data, whatever BENCH_SIZE). The peers' and
 # sparse rows land in benchmarks/results/, from which benchmarks/table.py writes docs/benchmarks.md.
 # bench.py's full size takes about 10 minutes on 2 cores (the sparse rows' full size is not timed
