@@ -83,19 +83,20 @@ deploy-examples: $(VENV)/.installed-test
 	$(BIN)/python deploy/examples.py
 
 # arrayjob against its peers (Spark MLlib among them: bench-java below) and the machine's limits,
-# then jobs bigger than the object store, then sparse X against scikit-learn and Spark, then issue
-# 26's models against scikit-learn and Spark, then Parquet loads against pyarrow, then the learning
-# estimate (each shipped config four times on small data, whatever BENCH_SIZE; docs/benchmarks.md).
+# then jobs bigger than the object store, then sparse X against scikit-learn and Spark, then the
+# models against scikit-learn and Spark, then Parquet loads against pyarrow, then the learning
+# estimate (each shipped config four times on small data, whatever BENCH_SIZE). The peers' and
+# sparse rows land in benchmarks/results/, from which benchmarks/table.py writes docs/benchmarks.md.
 # bench.py's full size takes about 10 minutes on 2 cores (the sparse rows' full size is not timed
 # yet); `make bench BENCH_SIZE=quick` a few. models.py's full size (4M rows) wants a quiet machine.
 BENCH_SIZE ?= full
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench bench-java
-	$(BIN)/python benchmarks/bench.py --size $(BENCH_SIZE) --json .arrayjob/bench/bench-$(BENCH_SIZE).json \
+	$(BIN)/python benchmarks/bench.py --size $(BENCH_SIZE) --json benchmarks/results/bench-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/bench-$(BENCH_SIZE).md $(BENCH_ARGS)
 	$(BIN)/python benchmarks/outofcore.py --size $(BENCH_SIZE) --json .arrayjob/bench/outofcore-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/outofcore-$(BENCH_SIZE).md
-	$(BIN)/python benchmarks/bench_sparse.py --size $(BENCH_SIZE) --json .arrayjob/bench/sparse-$(BENCH_SIZE).json \
+	$(BIN)/python benchmarks/bench_sparse.py --size $(BENCH_SIZE) --json benchmarks/results/sparse-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/sparse-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/models.py --size $(BENCH_SIZE) --json .arrayjob/bench/models-$(BENCH_SIZE).json \
 		--markdown .arrayjob/bench/models-$(BENCH_SIZE).md
@@ -103,6 +104,7 @@ bench: $(VENV)/.installed-bench bench-java
 		--markdown .arrayjob/bench/parquet-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/estimate_learning.py --size quick --json .arrayjob/bench/estimate-learning.json \
 		--markdown .arrayjob/bench/estimate-learning.md
+	$(BIN)/python benchmarks/table.py
 
 # Spark MLlib, the peer of bench.py's spark rows (pyspark is in the bench extra), runs on Java >= 17:
 # Debian's, installed if missing (as check-report installs Chromium), with OpenBLAS, which MLlib's

@@ -266,7 +266,7 @@ def pagerank(req: DatagenRequest) -> StorageCounters:
     return counters
 
 
-# -- sparse X (issue 24) --------------------------------------------------------------------
+# -- sparse X --------------------------------------------------------------------------------
 
 
 def _sparse_columns(rng: np.random.Generator, rows: int, nnz: int, cols: int) -> np.ndarray:

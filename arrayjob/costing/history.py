@@ -1,4 +1,4 @@
-"""Estimates that learn: the recent runs of a spec correct the profile's prediction (issue 29).
+"""Estimates that learn: the recent runs of a spec correct the profile's prediction.
 
 Every published run leaves a ``RunRecord`` in the history directory (``.arrayjob/history``
 beside the machine profile, or ``ARRAYJOB_HISTORY``; ``off`` turns learning off): for each

@@ -1,4 +1,4 @@
-"""How many nodes a job runs on, chosen from its estimate (issue #16).
+"""How many nodes a job runs on, chosen from its estimate.
 
 ``choose_nodes`` is the one place the count is chosen: ``arrayjob run`` asks the cluster's
 autoscaler for it, ``arrayjob estimate`` prints it, and a deployment can size a cluster

@@ -1,4 +1,4 @@
-"""The node type a sized run plans for, from the cluster's own node types (issue 29).
+"""The node type a sized run plans for, from the cluster's own node types.
 
 The cluster says what its workers are (``runtime.node_types``: CPUs, memory, object store,
 ``max_workers``); the price table only adds dollars. A type the table does not list is

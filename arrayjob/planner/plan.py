@@ -112,7 +112,7 @@ class PlanOptions:
     cluster: ClusterShape = ClusterShape()
     target_block_bytes: int = TARGET_BLOCK_BYTES
     # the workers block sizes aim at, when not the cluster's: a job whose nodes change keeps
-    # the tiling it read its inputs with, so only placement follows the nodes (issue #16)
+    # the tiling it read its inputs with, so only placement follows the nodes
     tiling_workers: int | None = None
 
     @property

@@ -62,7 +62,7 @@ class ClusterOptions:
 
     address: str = field(default="local", metadata={"check": bool, "expect": "'local', 'auto' or a Ray address"})
     num_cpus: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
-    # Sizing by the plan (issue #16): the job asks the cluster's autoscaler for nodes between
+    # Sizing by the plan: the job asks the cluster's autoscaler for nodes between
     # these; without max_nodes it plans on the nodes it finds and asks for none.
     min_nodes: int = field(default=0, metadata={"check": lambda v: v >= 0, "expect": "an integer >= 0"})
     max_nodes: int | None = field(default=None, metadata={"check": lambda v: v > 0, "expect": "a positive integer"})
@@ -223,8 +223,8 @@ def ray_cluster(options: ClusterOptions, before_exit: Callable[[], None] | None 
         os.environ.setdefault("RAY_task_events_report_interval_ms", "0")
         # A raylet deletes the objects no one holds any more in batches, once a second by
         # default: an iterating job's dropped partials (k-means' (k, d) sums, 8 MB a block)
-        # piled up for a second, 1.31-1.38× the blocks held at issue 24's size; every 0.1 s
-        # the store's peak is 1.08× (docs/benchmarks.md).
+        # piled up for a second and raised the store's peak well above the blocks held;
+        # freeing them every 0.1 s keeps the peak close to the blocks held.
         os.environ.setdefault("RAY_free_objects_period_milliseconds", "100")
         token = f"{os.getpid()}-{uuid.uuid4().hex}"
         watchdog = reaper.start(token)

@@ -1,4 +1,4 @@
-"""The worker node types of a cluster, read from the cluster itself (issue 29).
+"""The worker node types of a cluster, read from the cluster itself.
 
 A job that sizes its cluster asks the autoscaler for nodes of some shape; that shape must be
 one the cluster can start. Ray keeps the autoscaler's node types in two places a driver can
