@@ -25,7 +25,7 @@ from arrayjob.costing.profile import MachineProfile, load_profile
 from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
 from arrayjob.costing.worker_type import check as check_request
 from arrayjob.costing.worker_type import worker_type
-from arrayjob.errors import InputError, SpecError
+from arrayjob.errors import ArrayNotFound, GroupNotArray, InputError, SpecError
 from arrayjob.integrations import RunPublished, RunStarted, RunTracking
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
@@ -93,10 +93,10 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None,
         try:
             arrays[name] = open_array_info(name, location, spec.storage, missing_chunks=missing)
         except InputError as exc:
-            if "no Zarr array" in str(exc) and spec.formats.get(name) != "zarr" and _is_parquet(location, spec):
+            if isinstance(exc, ArrayNotFound) and spec.formats.get(name) != "zarr" and _is_parquet(location, spec):
                 arrays[name] = _open_table(name, location, spec, reads)
                 continue
-            group = "is a Zarr group" in str(exc)
+            group = isinstance(exc, GroupNotArray)
             encoding = group and is_sparse_group(location, spec.storage)
             if encoding and name not in job.sparse_inputs:  # refused before reading its indptr
                 takes = sorted(n for n, j in JOBS.items() if j.sparse_inputs)
@@ -110,7 +110,7 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None,
                     reads.add(opened.counters)
                 arrays[name] = opened.info
                 continue
-            if "no Zarr array" in str(exc) and spec.algorithm in JOBS:  # a user's job has no datagen
+            if isinstance(exc, ArrayNotFound) and spec.algorithm in JOBS:  # a user's job has no datagen
                 parent = str(location).rsplit("/", 1)[0]
                 raise InputError(f"{exc} (demo data: arrayjob datagen {spec.algorithm} {parent})") from None
             raise
