@@ -33,6 +33,14 @@ class InputError(ArrayJobError):
     exit_code = 2
 
 
+class ArrayNotFound(InputError):
+    """No Zarr array (and no group) is stored where an input names one."""
+
+
+class GroupNotArray(InputError):
+    """An input names a Zarr group where an array was expected (a sparse matrix, a pattern)."""
+
+
 class CostLimitError(ArrayJobError):
     exit_code = 3
 

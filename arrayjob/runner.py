@@ -19,13 +19,13 @@ from arrayjob.algorithms import JOBS
 from arrayjob.api.job import Job, JobContext, JobResult, check_tables
 from arrayjob.catalog import get_job, job_code
 from arrayjob.costing.estimate import Estimate, estimate_job, job_block_target, stream_rates
-from arrayjob.costing.history import recent_history, record_from_report, save_record
-from arrayjob.costing.prices import load_prices
+from arrayjob.costing.history import History, recent_history, record_from_report, save_record
+from arrayjob.costing.prices import PriceTable, load_prices
 from arrayjob.costing.profile import MachineProfile, load_profile
 from arrayjob.costing.sizing import NodeChoice, choose_nodes, relocation, usable_bytes
 from arrayjob.costing.worker_type import check as check_request
-from arrayjob.costing.worker_type import worker_type
-from arrayjob.errors import InputError, SpecError
+from arrayjob.costing.worker_type import WorkerType, worker_type
+from arrayjob.errors import ArrayNotFound, GroupNotArray, InputError, SpecError
 from arrayjob.integrations import RunPublished, RunStarted, RunTracking
 from arrayjob.io.arrays import ResultGroup, check_chunks_stored, open_array_info, write_group
 from arrayjob.io.backend import storage_retries
@@ -93,10 +93,10 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None,
         try:
             arrays[name] = open_array_info(name, location, spec.storage, missing_chunks=missing)
         except InputError as exc:
-            if "no Zarr array" in str(exc) and spec.formats.get(name) != "zarr" and _is_parquet(location, spec):
+            if isinstance(exc, ArrayNotFound) and spec.formats.get(name) != "zarr" and _is_parquet(location, spec):
                 arrays[name] = _open_table(name, location, spec, reads)
                 continue
-            group = "is a Zarr group" in str(exc)
+            group = isinstance(exc, GroupNotArray)
             encoding = group and is_sparse_group(location, spec.storage)
             if encoding and name not in job.sparse_inputs:  # refused before reading its indptr
                 takes = sorted(n for n, j in JOBS.items() if j.sparse_inputs)
@@ -110,7 +110,7 @@ def open_inputs(spec: JobSpec, reads: StorageCounters | None = None,
                     reads.add(opened.counters)
                 arrays[name] = opened.info
                 continue
-            if "no Zarr array" in str(exc) and spec.algorithm in JOBS:  # a user's job has no datagen
+            if isinstance(exc, ArrayNotFound) and spec.algorithm in JOBS:  # a user's job has no datagen
                 parent = str(location).rsplit("/", 1)[0]
                 raise InputError(f"{exc} (demo data: arrayjob datagen {spec.algorithm} {parent})") from None
             raise
@@ -204,6 +204,39 @@ def node_request(choice: NodeChoice, spec: JobSpec) -> NodeRequest:
                        timeout=spec.cluster.scale_timeout_seconds)
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """What a run's node count is chosen from: the price table, the calibrated profile, the
+    spec's recent runs, the cluster's worker types and the user's ``--nodes``/``--deadline``."""
+
+    prices: PriceTable
+    profile: MachineProfile
+    history: History
+    types: ClusterTypes
+    nodes: int | None
+    deadline: float | None
+
+
+def size(job: Job, spec: JobSpec, worker: WorkerType, sizing: Sizing, *, scaling: bool,
+         notify: Callable[[str], None]) -> NodeChoice:
+    """The node count for ``job`` (``costing.sizing.choose_nodes``), at most ``cluster.max_nodes``
+    and the worker type's ``max_workers``; when the run sizes its cluster, the autoscaler
+    request is checked against the worker types before any chunk is touched."""
+    instance = worker.instance
+    ceiling, named = spec.cluster.max_nodes, "cluster.max_nodes"
+    if worker.max_workers is not None and (ceiling is None or worker.max_workers < ceiling):
+        ceiling, named = worker.max_workers, f"the cluster's max_workers of {instance.name}"
+    choice = choose_nodes(job, spec, instance=instance, prices=sizing.prices, profile=sizing.profile,
+                          nodes=sizing.nodes, deadline=sizing.deadline, history=sizing.history,
+                          max_nodes=ceiling, max_nodes_from=named)
+    if scaling:
+        request = node_request(choice, spec)
+        check_request(sizing.types, count=request.count, cpus=request.cpus,
+                      object_store_bytes=request.object_store_bytes, node_type=request.node_type)
+        notify(f"nodes: {choice.line}")
+    return choice
+
+
 def stderr_warning(line: str) -> None:
     print(f"arrayjob: warning: {line}", file=sys.stderr, flush=True)
 
@@ -248,17 +281,8 @@ def run(spec: JobSpec, *, overwrite: bool = False, instance_type: str | None = N
         history = recent_history(spec, profile)
         choice = None
         if scaling or check_cost is not None:  # before any chunk is touched
-            ceiling, named = spec.cluster.max_nodes, "cluster.max_nodes"
-            if worker.max_workers is not None and (ceiling is None or worker.max_workers < ceiling):
-                ceiling, named = worker.max_workers, f"the cluster's max_workers of {instance.name}"
-            choice = choose_nodes(job, spec, instance=instance, prices=prices, profile=profile,
-                                  nodes=nodes, deadline=deadline, history=history, max_nodes=ceiling,
-                                  max_nodes_from=named)
-            if scaling:
-                request = node_request(choice, spec)
-                check_request(types, count=request.count, cpus=request.cpus,
-                              object_store_bytes=request.object_store_bytes, node_type=request.node_type)
-                notify(f"nodes: {choice.line}")
+            choice = size(job, spec, worker, Sizing(prices, profile, history, types, nodes, deadline),
+                          scaling=scaling, notify=notify)
             if check_cost is not None:
                 check_cost(choice.estimate)
         check_inputs(job)

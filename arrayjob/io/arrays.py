@@ -20,7 +20,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.sync import sync
 
-from arrayjob.errors import InputError, StorageError
+from arrayjob.errors import ArrayNotFound, GroupNotArray, InputError, StorageError
 from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure
 from arrayjob.io.dense import chunk_key, failed_read, missing_chunk_message, read_dense_block
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
@@ -41,10 +41,10 @@ def open_array_info(name: str, location: Location, options: StorageOptions, *,
             bucket = location.path.partition("/")[0]
             raise InputError(f"inputs.{name}: bucket {bucket!r} does not exist (reading {location})") from None
         if _is_group(location, options):  # Zarr v2 says "no array" where v3 says "a group"
-            raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
-        raise InputError(f"inputs.{name}: no Zarr array at {location}") from None
+            raise GroupNotArray(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
+        raise ArrayNotFound(f"inputs.{name}: no Zarr array at {location}") from None
     except zarr.errors.NodeTypeValidationError:
-        raise InputError(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
+        raise GroupNotArray(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line naming the array
         if is_storage_failure(exc):
             raise InputError(f"inputs.{name}: cannot read {location}: {describe_failure(exc)}") from None

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrayjob.errors import InputError, StorageError
+from arrayjob.errors import ArrayNotFound, InputError, StorageError
 from arrayjob.io.arrays import open_array_info, read_group_attrs
 from arrayjob.io.locations import ArrayInfo, Location, StorageOptions
 from arrayjob.io.output import read_published_report
@@ -48,9 +48,7 @@ class PublishedModel:
         ``InputError`` naming the model if it has no such array."""
         try:
             return open_array_info(f"{self.name}.{member}", self.result.join(member), self.options)
-        except InputError as exc:
-            if "no Zarr array" not in str(exc):
-                raise
+        except ArrayNotFound:
             raise InputError(f"{self.key}: the {self.algorithm} model of run {self.run_id} at "
                              f"{self.location} has no array {member!r}") from None
 
