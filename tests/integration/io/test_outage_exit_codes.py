@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import socket
 
+import numpy as np
 import pytest
 
 from arrayjob.errors import InputError, StorageError
 from arrayjob.io.arrays import open_array_info
 from arrayjob.io.backend import is_storage_outage
 from arrayjob.io.locations import StorageOptions, parse_uri
+from tests.harness.fault_proxy import FaultProxy
+from tests.harness.helpers import write_array
 
 
 def _closed_port() -> int:
@@ -42,3 +45,12 @@ def test_missing_input_array_stays_exit_2(tmp_path) -> None:  # type: ignore[no-
     with pytest.raises(InputError) as raised:
         open_array_info("X", parse_uri(str(tmp_path / "X.zarr")), StorageOptions())
     assert raised.value.exit_code == 2
+
+
+def test_input_answering_503_after_the_retries_is_a_storage_error(s3_endpoint: str, s3_bucket: str) -> None:
+    write_array(f"s3://{s3_bucket}/X.zarr", np.ones((4, 2)), (2, 2), endpoint=s3_endpoint)
+    with FaultProxy(s3_endpoint, refuse=503) as proxy, pytest.raises(StorageError) as raised:
+        options = StorageOptions(endpoint_url=proxy.url, region="us-east-1", max_attempts=2, retry_timeout=5.0)
+        open_array_info("X", parse_uri(f"s3://{s3_bucket}/X.zarr"), options)
+    assert raised.value.exit_code == 4
+    assert "(after 2 attempts)" in str(raised.value)
