@@ -45,6 +45,7 @@ from zarr.storage import ObjectStore, WrapperStore
 
 from arrayjob.io.backend import StorageBackend, count_retries, describe_failure
 from arrayjob.io.locations import Location, StorageOptions
+from arrayjob.io.transient import transient
 
 T = TypeVar("T")
 
@@ -55,28 +56,6 @@ _COPY_CONCURRENCY = 32
 _PROBE_CLIENT = {"connect_timeout": dt.timedelta(seconds=5), "timeout": dt.timedelta(seconds=15)}
 _PROBE_RETRY = {"max_retries": 2, "retry_timeout": dt.timedelta(seconds=15),
                 "backoff": {"init_backoff": dt.timedelta(milliseconds=200), "max_backoff": dt.timedelta(seconds=2)}}
-
-
-# a failure worth trying again: the server said so (5xx, 429) or the request never got an answer
-_STATUS = re.compile(r"status code: (\d\d\d)\b")
-_NO_ANSWER = ("HTTP error", "error sending request", "connection", "timed out", "timeout")
-
-
-def _transient(exc: BaseException, *, answered_only: bool = False) -> bool:
-    """Whether ``exc`` is a request failure that a retry may cure. ``answered_only``: only
-    when the server answered that it did nothing (for a create-only PUT, which a blind
-    retry after a lost answer could find already done)."""
-    if not isinstance(exc, GenericError):
-        return False  # not found, forbidden, already exists, precondition: retrying changes nothing
-    text = str(exc)
-    status = _STATUS.search(text)
-    if status is not None:
-        # the server answered: 5xx, 408, 429 and S3's RequestTimeout (a 400) may pass, any other
-        # status is final (obstore's text of a 404 names its retry_timeout too, which the
-        # markers below took for no answer)
-        code = status.group(1)
-        return code[0] == "5" or code in ("408", "429") or "<Code>RequestTimeout</Code>" in text
-    return not answered_only and any(marker in text for marker in _NO_ANSWER)
 
 
 def _backoff(attempt: int) -> float:
@@ -94,7 +73,7 @@ def _retrying(options: StorageOptions, call: Callable[[], T], *, answered_only: 
         except BaseError as exc:
             delay = _backoff(attempt)
             if (attempt >= options.max_attempts or time.monotonic() + delay > deadline
-                    or not _transient(exc, answered_only=answered_only)):
+                    or not transient(exc, answered_only=answered_only)):
                 exc.attempts = attempt  # type: ignore[attr-defined]  # named in the error line
                 raise
         count_retries()
@@ -110,7 +89,7 @@ async def _retrying_async(options: StorageOptions, call: Callable[[], Any]) -> A
             return await call()
         except BaseError as exc:
             delay = _backoff(attempt)
-            if attempt >= options.max_attempts or time.monotonic() + delay > deadline or not _transient(exc):
+            if attempt >= options.max_attempts or time.monotonic() + delay > deadline or not transient(exc):
                 exc.attempts = attempt  # type: ignore[attr-defined]
                 raise
         count_retries()

@@ -21,7 +21,7 @@ from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.sync import sync
 
 from arrayjob.errors import ArrayNotFound, GroupNotArray, InputError, StorageError
-from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure
+from arrayjob.io.backend import backend_for, describe_failure, is_storage_failure, is_storage_outage
 from arrayjob.io.dense import chunk_key, failed_read, missing_chunk_message, read_dense_block
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions
 from arrayjob.io.sparse import member_info, read_sparse_block, stored_members
@@ -46,6 +46,8 @@ def open_array_info(name: str, location: Location, options: StorageOptions, *,
     except zarr.errors.NodeTypeValidationError:
         raise GroupNotArray(f"inputs.{name}: {location} is a Zarr group, expected an array") from None
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line naming the array
+        if is_storage_outage(exc):
+            raise StorageError(f"inputs.{name}: cannot read {location}: {describe_failure(exc)}") from None
         if is_storage_failure(exc):
             raise InputError(f"inputs.{name}: cannot read {location}: {describe_failure(exc)}") from None
         raise InputError(f"inputs.{name}: {location} is not a readable Zarr array: {describe_failure(exc)}") from None

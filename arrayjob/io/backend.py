@@ -27,6 +27,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 from arrayjob.io.locations import Location, StorageCounters, StorageOptions
+from arrayjob.io.transient import transient
 
 # scheme -> "module:class"; a backend's storage library is imported only when it is used
 _BACKENDS = {"file": "arrayjob.io._local:LocalBackend", "s3": "arrayjob.io._s3:S3Backend"}
@@ -231,6 +232,18 @@ def is_storage_failure(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, TimeoutError, OSError)) or module.startswith(
         ("aiohttp", "botocore", "obstore")
     )
+
+
+def is_storage_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is the storage being unavailable (no answer, a dropped or refused
+    connection, a timeout, a 5xx after the retries): a rerun later may succeed, so a
+    scheduler should retry (exit 4). A refusal (403), a missing object or bucket and a bad
+    name stay wrong however often they are retried (exit 2)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, FileExistsError)):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    return transient(exc)
 
 
 # object_store's request failures: "Generic S3 error: Error performing GET <url> in 1.7s,

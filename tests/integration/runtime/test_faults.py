@@ -136,7 +136,7 @@ def test_retries_stop_at_max_attempts(tmp_path: Path, s3_endpoint: str, s3_bucke
         open_array_info("X", location, StorageOptions(endpoint_url=proxy.url, max_attempts=3))
         assert storage_retries() - before == proxy.slowed > 0
     with FaultProxy(s3_endpoint, slow_every=1, slow_at=0) as proxy, \
-            pytest.raises(InputError, match=r"503 Service Unavailable \(after 2 attempts\)"):  # every request: 503
+            pytest.raises(StorageError, match=r"503 Service Unavailable \(after 2 attempts\)"):  # every request: 503
         open_array_info("X", location, StorageOptions(endpoint_url=proxy.url, max_attempts=2))
     with FaultProxy(s3_endpoint, slow_every=1, slow_at=0) as proxy:
         backend = backend_for(location, StorageOptions(endpoint_url=proxy.url, max_attempts=4))

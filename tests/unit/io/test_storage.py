@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zarr
 
-from arrayjob.errors import InputError, LeaseHeldError, SpecError
+from arrayjob.errors import InputError, LeaseHeldError, SpecError, StorageError
 from arrayjob.io.arrays import open_array_info, read_block, write_group
 from arrayjob.io.locations import Location, StorageOptions, parse_uri
 from arrayjob.io.output import JobOutput, published
@@ -135,7 +135,7 @@ def test_uri_forms(tmp_path, monkeypatch):
 
 def test_unreachable_endpoint_is_one_line(tmp_path):
     options = StorageOptions(endpoint_url="http://127.0.0.1:9", max_attempts=3)
-    with pytest.raises(InputError, match=r"^inputs.X: cannot read s3://bucket/X.zarr: GET http://127.0.0.1:9/bucket/X.zarr/\S+: "
+    with pytest.raises(StorageError, match=r"^inputs.X: cannot read s3://bucket/X.zarr: GET http://127.0.0.1:9/bucket/X.zarr/\S+: "
                        r"error sending request \(after 3 attempts\)$"):
         open_array_info("X", parse_uri("s3://bucket/X.zarr"), options)
 

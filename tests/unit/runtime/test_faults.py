@@ -48,7 +48,7 @@ def test_which_s3_failures_are_retried(text: str, transient: bool) -> None:
     retry_timeout); a request with no answer is retried, except a create-only PUT."""
     from obstore.exceptions import GenericError
 
-    from arrayjob.io._s3 import _transient
+    from arrayjob.io.transient import transient as _transient
 
     assert _transient(GenericError(text)) == transient
     if "status code" not in text:
