@@ -61,7 +61,6 @@ from arrayjob.api import (
     Written,
     open_array_info,
     parse_uri,
-    read_whole,
     require,
     require_matrix,
 )
@@ -219,7 +218,7 @@ class GaussianMixture(Job):
         if p.init in ("k-means++", "random"):
             means = seed_centres(self.arrays["X"], p.init, p.k, p.seed, ctx.storage)
         else:
-            means = read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
+            means = ctx.read_whole(self.init_array).astype(np.float64)
             if not np.isfinite(means).all():
                 raise InputError("params.init: the initial means hold NaN or infinite values")
         if p.covariance == "full":
@@ -244,13 +243,13 @@ class GaussianMixture(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n = self.arrays["X"].shape[0]
-        plan = self.stages(ctx.session.options.cluster.workers)
+        plan = self.stages(ctx.workers)
         em = plan["em"]
-        with ctx.metrics.stage("load"):
-            ctx.session.load(em)
-            m = ctx.session.compute(plan["moments"])
+        with ctx.stage("load"):
+            ctx.load(em)
+            m = ctx.compute(plan["moments"])
             shift = m["sum"] / n
-            saved = ctx.checkpoints.restore()  # the mixture after an iteration, and where EM stood
+            saved = ctx.restore()  # the mixture after an iteration, and where EM stood
             if saved is None:
                 mixture = self.initial(ctx, shift, m["sum_xx"] / n)
                 lower_bound, iterations, converged = -np.inf, 0, False
@@ -258,25 +257,25 @@ class GaussianMixture(Job):
                 st = saved.state
                 mixture = Mixture(st["weights"], st["means"], st["covariances"])
                 lower_bound, iterations, converged = float(st["lower_bound"]), int(st["iteration"]), bool(st["converged"])
-        with ctx.metrics.stage(plan.stage_of("em")):
+        with ctx.stage(plan.stage_of("em")):
             while not converged and iterations < p.max_iter:
                 when = "at the start" if iterations == 0 else f"after iteration {iterations}"
-                r = ctx.session.compute(em, mixture.pass_values(shift, when))
+                r = ctx.compute(em, mixture.pass_values(shift, when))
                 previous, lower_bound = lower_bound, float(r["loglik"]) / n
                 mixture, iterations = self.maximise(r, shift), iterations + 1
                 change = lower_bound - previous
                 converged = abs(change) < p.tol
-                ctx.metrics.iteration(iterations, p.max_iter, objective=lower_bound, change=change, tol=p.tol)
-                ctx.checkpoints.tick(iterations, {"weights": mixture.weights, "means": mixture.means,
-                                                  "covariances": mixture.covariances, "lower_bound": lower_bound,
-                                                  "iteration": iterations, "converged": converged})
+                ctx.iteration(iterations, p.max_iter, objective=lower_bound, change=change, tol=p.tol)
+                ctx.checkpoint(iterations, {"weights": mixture.weights, "means": mixture.means,
+                                            "covariances": mixture.covariances, "lower_bound": lower_bound,
+                                            "iteration": iterations, "converged": converged})
             values = mixture.pass_values(shift, f"after iteration {iterations}")
             arrays = {"weights": mixture.weights, "means": mixture.means, "covariances": mixture.covariances}
-            if ctx.result is not None:  # labels (8n bytes) are written by the workers
-                r = ctx.session.compute(ctx.writing(plan.pass_named("labels")), values)
+            if ctx.writes_result:  # labels (8n bytes) are written by the workers
+                r = ctx.compute(ctx.writing(plan.pass_named("labels")), values)
                 ctx.count_writes(plan.pass_named("labels"), r)
             else:
-                arrays["labels"] = ctx.session.compute(plan["labels"], values)["labels"]
+                arrays["labels"] = ctx.compute(plan["labels"], values)["labels"]
         attrs = {"lower_bound": lower_bound, "iterations": iterations, "converged": converged, "k": p.k,
                  "covariance": p.covariance}
         summary = [f"EM {'converged' if converged else 'did NOT converge'} in {iterations} iterations: "

@@ -51,7 +51,6 @@ from arrayjob.api import (
     open_array_info,
     parse_uri,
     read_block,
-    read_whole,
     require,
     require_matrix,
 )
@@ -152,21 +151,21 @@ class KMeans(Job):
     def initial(self, ctx: JobContext) -> np.ndarray:
         p = self.params
         if p.init not in ("k-means++", "random"):
-            return read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
+            return ctx.read_whole(self.init_array).astype(np.float64)
         return seed_centres(self.arrays["X"], p.init, p.k, p.seed, ctx.storage)
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        plan = self.stages(ctx.session.options.cluster.workers)
+        plan = self.stages(ctx.workers)
         step, final = plan["step"], plan["final"]
         ids = np.arange(p.k, dtype=np.float64)
-        with ctx.metrics.stage("load"):
-            ctx.session.load(step)
-            s = ctx.session.compute(plan["stats"])
+        with ctx.stage("load"):
+            ctx.load(step)
+            s = ctx.compute(plan["stats"])
             variance = s["sum_sq"] / n - (s["sum"] / n) ** 2
             tol = p.tol * float(np.mean(variance))
-            saved = ctx.checkpoints.restore()  # the centroids after an iteration, and whether they stopped
+            saved = ctx.restore()  # the centroids after an iteration, and whether they stopped
             if saved is None:
                 centroids = self.initial(ctx)
                 if not np.isfinite(centroids).all():
@@ -175,22 +174,22 @@ class KMeans(Job):
             else:
                 centroids = saved.state["centroids"]
                 iterations, done = int(saved.state["iteration"]), bool(saved.state["done"])
-        with ctx.metrics.stage(plan.stage_of("step")):
+        with ctx.stage(plan.stage_of("step")):
             while not done and iterations < p.max_iter:
-                r = ctx.session.compute(step, {**centroid_values(centroids, self.sparse), "cluster_ids": ids})
+                r = ctx.compute(step, {**centroid_values(centroids, self.sparse), "cluster_ids": ids})
                 counts = r["counts"]
                 updated = np.where(counts[:, None] > 0, r["sums"] / np.maximum(counts, 1)[:, None], centroids)
                 shift = float(((updated - centroids) ** 2).sum())
                 centroids, iterations, done = updated, iterations + 1, shift <= tol
-                ctx.metrics.iteration(iterations, p.max_iter, shift=shift, tol=tol)
-                ctx.checkpoints.tick(iterations, {"centroids": centroids, "iteration": iterations, "done": done})
+                ctx.iteration(iterations, p.max_iter, shift=shift, tol=tol)
+                ctx.checkpoint(iterations, {"centroids": centroids, "iteration": iterations, "done": done})
             values = {**centroid_values(centroids, self.sparse), "cluster_ids": ids}
             arrays = {"centroids": centroids}
-            if ctx.result is not None:  # labels (8n bytes) are written by the workers
-                r = ctx.session.compute(ctx.writing(plan.pass_named("final")), values)
+            if ctx.writes_result:  # labels (8n bytes) are written by the workers
+                r = ctx.compute(ctx.writing(plan.pass_named("final")), values)
                 ctx.count_writes(plan.pass_named("final"), r)
             else:
-                r = ctx.session.compute(final, values)
+                r = ctx.compute(final, values)
                 arrays["labels"] = r["labels"]
         inertia = float(r["inertia"])
         attrs = {"inertia": inertia, "iterations": iterations, "k": p.k}

@@ -228,33 +228,33 @@ class LinearRegression(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        plan = self.stages(ctx.session.options.cluster.workers)
+        plan = self.stages(ctx.workers)
         if self.method == "cg":
             return self._cg(ctx, plan, n, d)
         if self.method == "owlqn":
-            with ctx.metrics.stage("load"):
-                ctx.session.load(plan["evaluate"])
-            with ctx.metrics.stage(plan.stage_of("evaluate")):
+            with ctx.stage("load"):
+                ctx.load(plan["evaluate"])
+            with ctx.stage(plan.stage_of("evaluate")):
                 return elastic_net.solve(ctx, plan["evaluate"], n, d, l1=p.l1, l2=p.l2, fit_intercept=p.fit_intercept,
                                          tol=p.tol, max_iter=p.max_iter)
         if self.method == "refined":
-            with ctx.metrics.stage("load"):
-                ctx.session.load(plan["normal"])
-            with ctx.metrics.stage(plan.stage_of("normal")):
+            with ctx.stage("load"):
+                ctx.load(plan["normal"])
+            with ctx.stage(plan.stage_of("normal")):
                 return self._refined(ctx, plan, n, d)
         program, stage = plan[self.method], plan.stage_of(self.method)
-        with ctx.metrics.stage("load"):
-            ctx.session.load(program)
+        with ctx.stage("load"):
+            ctx.load(program)
         if self.method == "tsqr":
-            with ctx.metrics.stage(stage):
-                computed = ctx.session.compute(program)
+            with ctx.stage(stage):
+                computed = ctx.compute(program)
                 total = sample_weights.total(float(computed["sum_w"])) if "sum_w" in computed else float(n)
                 coef, intercept, objective = self._from_r(computed["R"], total, d)
             attrs = self._attrs(objective, n, d, total)
             return JobResult({"coef": coef, "intercept": np.array([intercept])}, attrs,
                              [f"least squares by TSQR: objective {objective:.10g}"])
-        with ctx.metrics.stage(stage):
-            s = ctx.session.compute(program)
+        with ctx.stage(stage):
+            s = ctx.compute(program)
             total = sample_weights.total(float(s["sum_w"])) if "sum_w" in s else float(n)
             gram, xty, sx, sy = s["xtx"], s["xty"], s["sum_x"], float(s["sum_y"])
             if p.fit_intercept:
@@ -277,7 +277,7 @@ class LinearRegression(Job):
     def _refined(self, ctx: JobContext, plan: StagePlan, n: int, d: int) -> JobResult:
         """The normal equations, refined against X's residuals; TSQR if they cannot be trusted."""
         p = self.params
-        s = ctx.session.compute(plan["normal"])
+        s = ctx.compute(plan["normal"])
         total = sample_weights.total(float(s["sum_w"])) if "sum_w" in s else float(n)
         system = FactoredNormalEquations.of(s["xtx"], s["sum_x"], total, p.l2, p.fit_intercept)
         why = system.unsuitable()
@@ -287,7 +287,7 @@ class LinearRegression(Job):
             previous = math.inf
             while True:
                 values = {"v": coef, "b": intercept} if p.fit_intercept else {"v": coef}
-                r = ctx.session.compute(plan["refine"], values)
+                r = ctx.compute(plan["refine"], values)
                 xtr, sum_r = r["xtr"], float(r["sum_r"])
                 dc, db = system.solve(xtr - total * p.l2 * coef, sum_r)
                 # ‖r − Aδ‖² for A = [X 1] (weighted): the residual after the correction, without a pass
@@ -295,7 +295,7 @@ class LinearRegression(Job):
                 coef, intercept = coef + dc, intercept + db
                 steps += 1
                 correction = float(np.linalg.norm(dc))
-                ctx.metrics.iteration(steps, REFINE_MAX_STEPS, correction=correction)
+                ctx.iteration(steps, REFINE_MAX_STEPS, correction=correction)
                 size = math.hypot(correction, db)
                 if system.condition * size <= math.hypot(float(np.linalg.norm(coef)), intercept):
                     break  # what is left of the error is below u·κ: a backward-stable solver's
@@ -304,7 +304,7 @@ class LinearRegression(Job):
                     break
                 previous = size
         if why is not None:
-            computed = ctx.session.compute(self._one_pass(ctx.session.options.cluster.workers, "tsqr"))
+            computed = ctx.compute(self._one_pass(ctx.workers, "tsqr"))
             coef, intercept, objective = self._from_r(computed["R"], total, d)
             attrs = self._attrs(objective, n, d, total) | {
                 "method": "tsqr", "refinement": {"steps": steps, "instead": why}}
@@ -328,21 +328,21 @@ class LinearRegression(Job):
         """Conjugate gradients on (XcᵀWXc + Σw·l2·I) w = XcᵀW(y − ȳ), Xc = X − 1μᵀ never formed
         (μ, ȳ: the weighted means; W = I without weights)."""
         p = self.params
-        with ctx.metrics.stage("load"):
-            ctx.session.load(plan["moments"])
-        with ctx.metrics.stage("fit"):
-            m = ctx.session.compute(plan["moments"])
+        with ctx.stage("load"):
+            ctx.load(plan["moments"])
+        with ctx.stage("fit"):
+            m = ctx.compute(plan["moments"])
             total = sample_weights.total(float(m["sum_w"])) if "sum_w" in m else float(n)
             mean = m["sum_x"] / total if p.fit_intercept else np.zeros(d)
             y_mean = float(m["sum_y"]) / total if p.fit_intercept else 0.0
             rhs = m["xty"] - total * mean * y_mean
 
             def product(v: np.ndarray) -> np.ndarray:  # (XcᵀWXc + Σw·l2·I) v, one pass over X
-                r = ctx.session.compute(plan["cg"], {"v": v})
+                r = ctx.compute(plan["cg"], {"v": v})
                 mv = float(mean @ v)
                 return r["xtxv"] - mv * total * mean - mean * (float(r["sum_xv"]) - total * mv) + total * p.l2 * v
 
-            saved = ctx.checkpoints.restore()
+            saved = ctx.restore()
             if saved is not None:
                 st = saved.state
                 w, resid, direction = st["w"], st["resid"], st["direction"]
@@ -362,11 +362,11 @@ class LinearRegression(Job):
                 rs, previous = float(resid @ resid), rs
                 direction = resid + (rs / previous) * direction
                 iterations += 1
-                ctx.metrics.iteration(iterations, p.max_iter, residual=float(np.sqrt(rs)), target=target)
-                ctx.checkpoints.tick(iterations, {"w": w, "resid": resid, "direction": direction,
-                                                  "iteration": iterations})
+                ctx.iteration(iterations, p.max_iter, residual=float(np.sqrt(rs)), target=target)
+                ctx.checkpoint(iterations, {"w": w, "resid": resid, "direction": direction,
+                                            "iteration": iterations})
             intercept = y_mean - float(mean @ w)
-            rss = float(ctx.session.compute(plan["residual"], {"v": w, "b": intercept})["rss"])
+            rss = float(ctx.compute(plan["residual"], {"v": w, "b": intercept})["rss"])
         objective = rss / (2 * total) + 0.5 * p.l2 * float(w @ w)
         converged = bool(np.sqrt(rs) <= target)
         attrs = self._attrs(objective, n, d, total) | {

@@ -186,12 +186,12 @@ class LogisticRegression(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        workers = ctx.session.options.cluster.workers
+        workers = ctx.workers
         self.found_classes = None  # each run finds K afresh (or from its checkpoint)
-        with ctx.metrics.stage("load"):
-            ctx.session.load(self.stages(workers)["evaluate"])
-        with ctx.metrics.stage("fit"):
-            saved = ctx.checkpoints.restore()
+        with ctx.stage("load"):
+            ctx.load(self.stages(workers)["evaluate"])
+        with ctx.stage("fit"):
+            saved = ctx.restore()
             declared = (self.multinomial, self.classes or 2)
             first = None  # the first pass, when it found K: (θ, its totals), or None if it is of no use
             if self.given_classes is None:
@@ -205,10 +205,10 @@ class LogisticRegression(Job):
             plan = self.stages(workers)
             program = plan["evaluate"]
             if (self.multinomial, k) != declared:  # the same blocks (one check of y), another program
-                ctx.session.load(program)
+                ctx.load(program)
             class_weight = None
             if p.class_weight == "balanced":
-                class_weight = sample_weights.balanced(np.atleast_1d(ctx.session.compute(plan["class_totals"])["totals"]))
+                class_weight = sample_weights.balanced(np.atleast_1d(ctx.compute(plan["class_totals"])["totals"]))
                 first = None  # its loss weighed every class alike
             coefs = k * d if self.multinomial else d
             evaluate = Evaluator(self._sums(ctx, program, k, d, class_weight), Penalty(p.l1, p.l2, coefs))
@@ -294,10 +294,10 @@ class LogisticRegression(Job):
 
         def sums(theta: np.ndarray) -> Totals:
             if multinomial_fit:
-                r = ctx.session.compute(program, multinomial.values(theta, k, d, fit_intercept) | bound)
+                r = ctx.compute(program, multinomial.values(theta, k, d, fit_intercept) | bound)
                 grad, hess = multinomial.gradient(r, fit_intercept), None
             else:
-                r = ctx.session.compute(program, {"w": theta[:d]} | ({"b": theta[d]} if fit_intercept else {}) | bound)
+                r = ctx.compute(program, {"w": theta[:d]} | ({"b": theta[d]} if fit_intercept else {}) | bound)
                 grad, hess = np.concatenate([r["grad_w"], [r["grad_b"]]] if fit_intercept else [r["grad_w"]]), None
                 if newton:
                     hess = np.empty((len(theta), len(theta)))
@@ -314,7 +314,7 @@ class LogisticRegression(Job):
                 ctx: JobContext) -> tuple[np.ndarray, int, float, float]:
         """Newton's method with a backtracking (Armijo) line search; one pass per trial point.
         Its state (iterate, f, g, Hessian, counters) is checkpointed after each iteration when due."""
-        p, checkpoints = self.params, ctx.checkpoints
+        p = self.params
         if saved is not None:
             st = saved.state
             theta, loss, grad, hess = st["theta"], float(st["loss"]), st["grad"], st["hess"]
@@ -342,10 +342,10 @@ class LogisticRegression(Job):
                 break  # no decrease possible at machine precision
             theta, loss, grad, hess = trial, trial_loss, trial_grad, trial_hess
             iterations += 1
-            ctx.metrics.iteration(iterations, p.max_iter, objective=loss, gradient_norm=float(np.linalg.norm(grad)))
-            checkpoints.tick(iterations, {"theta": theta, "loss": loss, "grad": grad, "hess": hess,
-                                          "iteration": iterations, "evaluations": evaluate.evaluations,
-                                          "weight_sum": evaluate.weight_sum})
+            ctx.iteration(iterations, p.max_iter, objective=loss, gradient_norm=float(np.linalg.norm(grad)))
+            ctx.checkpoint(iterations, {"theta": theta, "loss": loss, "grad": grad, "hess": hess,
+                                        "iteration": iterations, "evaluations": evaluate.evaluations,
+                                        "weight_sum": evaluate.weight_sum})
         return theta, iterations, loss, float(np.linalg.norm(grad))
 
 

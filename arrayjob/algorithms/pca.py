@@ -244,10 +244,10 @@ class PCA(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         n, d = self.arrays["X"].shape
-        plan = self.stages(ctx.session.options.cluster.workers)
-        with ctx.metrics.stage("load"):
-            ctx.session.load(plan.passes[0].program)
-        with ctx.metrics.stage("fit"):
+        plan = self.stages(ctx.workers)
+        with ctx.stage("load"):
+            ctx.load(plan.passes[0].program)
+        with ctx.stage("fit"):
             if self.method == "exact":
                 components, singular, total, mean = self._exact(ctx, plan, d)
                 attrs: dict[str, object] = {}
@@ -272,7 +272,7 @@ class PCA(Job):
         return JobResult(arrays, attrs, lines)
 
     def _exact(self, ctx: JobContext, plan: StagePlan, d: int) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-        r = ctx.session.compute(plan["factor"])
+        r = ctx.compute(plan["factor"])
         mean = r["mean"] if self.params.center else np.zeros(d)
         singular, vt = np.linalg.svd(np.triu(r["R"]))[1:]
         k = self.params.k
@@ -286,20 +286,20 @@ class PCA(Job):
         def centred(r: dict[str, np.ndarray], mean: np.ndarray) -> np.ndarray:  # XcᵀXc V from XᵀY and 1ᵀY
             return r["xty"] - np.outer(mean, r["sum_y"])
 
-        saved = ctx.checkpoints.restore()
+        saved = ctx.restore()
         if saved is not None:
             basis, mean, iterations = saved.state["basis"], saved.state["mean"], int(saved.state["iteration"])
         else:
             omega = orthonormal(np.random.default_rng(p.seed).standard_normal((d, self.basis_columns)))
-            r = ctx.session.compute(plan["start"], {"basis": omega})
+            r = ctx.compute(plan["start"], {"basis": omega})
             mean = r["sum_x"] / n if p.center else np.zeros(d)
             basis, iterations = orthonormal(centred(r, mean)), 1
             self._tick(ctx, iterations, basis, mean)
         while iterations < p.n_iter:
-            basis = orthonormal(centred(ctx.session.compute(plan["power"], self._values(basis, mean)), mean))
+            basis = orthonormal(centred(ctx.compute(plan["power"], self._values(basis, mean)), mean))
             iterations += 1
             self._tick(ctx, iterations, basis, mean)
-        r = ctx.session.compute(plan["ritz"], self._values(basis, mean))
+        r = ctx.compute(plan["ritz"], self._values(basis, mean))
         gram = basis.T @ centred(r, mean)
         eigenvalues, vectors = np.linalg.eigh((gram + gram.T) / 2)
         order = np.argsort(eigenvalues)[::-1][: p.k]
@@ -309,8 +309,8 @@ class PCA(Job):
             iterations
 
     def _tick(self, ctx: JobContext, iteration: int, basis: np.ndarray, mean: np.ndarray) -> None:
-        ctx.metrics.iteration(iteration, self.params.n_iter)
-        ctx.checkpoints.tick(iteration, {"basis": basis, "mean": mean, "iteration": iteration})
+        ctx.iteration(iteration, self.params.n_iter)
+        ctx.checkpoint(iteration, {"basis": basis, "mean": mean, "iteration": iteration})
 
     @staticmethod
     def _values(basis: np.ndarray, mean: np.ndarray) -> dict[str, np.ndarray]:
@@ -323,8 +323,8 @@ class PCA(Job):
         if not self.params.scores:
             return None
         values = {"basis": components.T.copy(), "shift": mean @ components.T, "mean": mean}
-        if ctx.result is None:
-            arrays["scores"] = ctx.session.compute(plan["scores"], values)["scores"]
+        if not ctx.writes_result:
+            arrays["scores"] = ctx.compute(plan["scores"], values)["scores"]
             return None
-        r = ctx.session.compute(ctx.writing(plan.pass_named("scores")), values)
+        r = ctx.compute(ctx.writing(plan.pass_named("scores")), values)
         return ctx.count_writes(plan.pass_named("scores"), r)

@@ -60,7 +60,6 @@ from arrayjob.api import (
     PublishedModel,
     StagePlan,
     Written,
-    read_whole,
     require,
     require_numeric,
 )
@@ -325,7 +324,7 @@ class Predict(Job):
 
     def _values(self, ctx: JobContext) -> dict[str, np.ndarray]:
         """The model's arrays, read whole on the driver (counted), as the program binds them."""
-        read = {name: read_whole(self.arrays[f"model.{name}"], self.storage, ctx.metrics)
+        read = {name: ctx.read_whole(self.arrays[f"model.{name}"])
                 for name in self.scorer.arrays}
         for name, value in read.items():
             if np.dtype(value.dtype).kind not in "biuf" or not np.isfinite(value).all():
@@ -335,22 +334,22 @@ class Predict(Job):
 
     def run(self, ctx: JobContext) -> JobResult:
         n, d = self.arrays["X"].shape[0], self.features
-        plan = self.stages(ctx.session.options.cluster.workers)
+        plan = self.stages(ctx.workers)
         score = plan.pass_named("score")
         # per-row outputs (8n bytes each) are written by the workers: X's blocks are loaded for
         # the program that writes them (whose results are the writes' counts, not the outputs),
         # as the estimate prices it
-        program = ctx.writing(score) if ctx.result is not None else plan["score"]
-        with ctx.metrics.stage("load"):
+        program = ctx.writing(score) if ctx.writes_result else plan["score"]
+        with ctx.stage("load"):
             values = self._values(ctx)
-            ctx.session.load(program)
+            ctx.load(program)
         arrays: dict[str, np.ndarray] = {}
-        with ctx.metrics.stage(score.stage):
-            if ctx.result is not None:
-                r = ctx.session.compute(program, values)
+        with ctx.stage(score.stage):
+            if ctx.writes_result:
+                r = ctx.compute(program, values)
                 ctx.count_writes(score, r)
             else:
-                arrays = ctx.session.compute(plan["score"], values)
+                arrays = ctx.compute(plan["score"], values)
         model = self.model
         attrs = {"rows": n, "n_features": d, "model": str(model.location), "model_run_id": model.run_id,
                  "model_algorithm": model.algorithm, "outputs": list(score.writes)}

@@ -96,16 +96,14 @@ class MTTKRP(Job):
         return StagePlan((Pass("mttkrp", "compute", {"M": M}),))
 
     def run(self, ctx: JobContext) -> JobResult:
-        from arrayjob.api import read_whole
-
         names = MODES[self.params.mode][1]
-        plan = self.stages(ctx.session.options.cluster.workers)
+        plan = self.stages(ctx.workers)
         program = plan["mttkrp"]
-        with ctx.metrics.stage("load"):
-            factors = {n: read_whole(self.arrays[n], ctx.storage, ctx.metrics) for n in names}
-            ctx.session.load(program)
-        with ctx.metrics.stage(plan.stage_of("mttkrp")):
-            M = ctx.session.compute(program, factors)["M"]
+        with ctx.stage("load"):
+            factors = {n: ctx.read_whole(self.arrays[n]) for n in names}
+            ctx.load(program)
+        with ctx.stage(plan.stage_of("mttkrp")):
+            M = ctx.compute(program, factors)["M"]
         return JobResult({"M": M}, {"mode": self.params.mode}, [f"M {M.shape[0]:,} × {M.shape[1]}"])
 
 
@@ -154,12 +152,12 @@ class CPALS(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         shape = self.arrays["X"].shape
-        plan = self.stages(ctx.session.options.cluster.workers)
+        plan = self.stages(ctx.workers)
         norm_program = plan["norm"]
-        with ctx.metrics.stage("load"):
-            ctx.session.load(norm_program)
-            norm_x = float(np.sqrt(ctx.session.compute(norm_program)["norm_sq"]))
-            saved = ctx.checkpoints.restore()  # the factors after an iteration, the fit, the last error
+        with ctx.stage("load"):
+            ctx.load(norm_program)
+            norm_x = float(np.sqrt(ctx.compute(norm_program)["norm_sq"]))
+            saved = ctx.restore()  # the factors after an iteration, the fit, the last error
         if saved is None:
             factors = random_factors(shape, p.rank, p.seed)
             fit, previous_error, iterations, done = 0.0, None, 0, False
@@ -168,13 +166,13 @@ class CPALS(Job):
             factors = [st["A"], st["B"], st["C"]]
             fit, iterations, done = float(st["fit"]), int(st["iteration"]), bool(st["done"])
             previous_error = None if st["previous_error"] is None else float(st["previous_error"])
-        with ctx.metrics.stage(plan.stage_of("mode0")):
+        with ctx.stage(plan.stage_of("mode0")):
             while not done and iterations < p.max_iter:
                 iterations += 1
                 for mode in range(3):
                     names = MODES[mode][1]
                     others = [factors["ABC".index(n)] for n in names]
-                    M = ctx.session.compute(plan[f"mode{mode}"], dict(zip(names, others, strict=True)))["M"]
+                    M = ctx.compute(plan[f"mode{mode}"], dict(zip(names, others, strict=True)))["M"]
                     gram = (others[0].T @ others[0]) * (others[1].T @ others[1])
                     factors[mode] = np.linalg.solve(gram.T, M.T).T
                 # ‖X̂‖² = 1ᵀ(AᵀA ∗ BᵀB ∗ CᵀC)1 and ⟨X, X̂⟩ = Σ A ∗ M₀ (M of the last mode, before its update)
@@ -184,10 +182,10 @@ class CPALS(Job):
                 fit = 1.0 - error
                 done = previous_error is not None and abs(previous_error - error) < p.tol
                 previous_error = error
-                ctx.metrics.iteration(iterations, p.max_iter, fit=fit)
-                ctx.checkpoints.tick(iterations, {"A": factors[0], "B": factors[1], "C": factors[2], "fit": fit,
-                                                  "previous_error": float(error), "iteration": iterations,
-                                                  "done": bool(done)})
+                ctx.iteration(iterations, p.max_iter, fit=fit)
+                ctx.checkpoint(iterations, {"A": factors[0], "B": factors[1], "C": factors[2], "fit": fit,
+                                            "previous_error": float(error), "iteration": iterations,
+                                            "done": bool(done)})
         norms = [np.linalg.norm(f, axis=0) for f in factors]
         weights = np.prod(norms, axis=0)
         arrays = {"weights": weights}

@@ -50,7 +50,6 @@ from arrayjob.api import (
     Kernel,
     Pass,
     StagePlan,
-    StorageCounters,
     Written,
     qr_flops,
     require,
@@ -404,25 +403,25 @@ class TSQR(Job):
     def run(self, ctx: JobContext) -> JobResult:
         A = self.arrays["A"]
         n, d = A.shape
-        workers = ctx.session.options.cluster.workers
+        workers = ctx.workers
         plan = self.stages(workers)
         auto = self.params.method == "auto"
         first = plan["grams"] if auto else ctx.writing(plan.pass_named("householder"))
-        with ctx.metrics.stage("load"):
-            ctx.session.load(first)
-        with ctx.metrics.stage(plan.passes[0].stage):
-            r1 = cholesky_upper(sum_grams(ctx.session.compute(first)["grams"])) if auto else None
+        with ctx.stage("load"):
+            ctx.load(first)
+        with ctx.stage(plan.passes[0].stage):
+            r1 = cholesky_upper(sum_grams(ctx.compute(first)["grams"])) if auto else None
             if r1 is not None:
-                r = ctx.session.compute(ctx.writing(plan.pass_named("q")), {R1: r1})
+                wrote = plan.pass_named("q")
+                r = ctx.compute(ctx.writing(wrote), {R1: r1})
                 R = np.triu(r["R2"] @ r1)
                 how = "CholeskyQR2"
             else:  # A's blocks are loaded already when the check sent us here
-                r = ctx.session.compute(ctx.writing(self.stages(workers, fallback=True).pass_named("householder"))
-                                        if auto else first)
+                wrote = (self.stages(workers, fallback=True) if auto else plan).pass_named("householder")
+                r = ctx.compute(ctx.writing(wrote) if auto else first)
                 R = np.triu(r["R"])
                 how = "Householder TSQR" if not auto else \
                     f"Householder TSQR (cond(A) above {COND_LIMIT:.0e}, too high for CholeskyQR2)"
-        written = (int(r["Q"][0]), int(r["Q"][1]))
-        ctx.metrics.count_storage(StorageCounters(bytes_written=written[0], put_requests=written[1]))
+        written = ctx.count_writes(wrote, r)
         return JobResult({"R": R}, {"n_rows": n, "n_cols": d},
-                         [f"R {d} × {d} by {how}; Q {n:,} × {d} written by the workers ({written[0]:,} bytes)"])
+                         [f"R {d} × {d} by {how}; Q {n:,} × {d} written by the workers ({written:,} bytes)"])

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from arrayjob.errors import InputError
-from arrayjob.io.arrays import ResultGroup
+from arrayjob.io.arrays import ResultGroup, read_whole
 from arrayjob.io.checkpoint import Checkpoint, Checkpoints
 from arrayjob.io.locations import ArrayInfo, Location, StorageCounters, StorageOptions, TableTarget
 from arrayjob.io.model import PublishedModel
@@ -126,77 +126,95 @@ class StagePlan:
         return next((p for p in self.passes if p.runs.per_iteration), self.passes[-1])
 
 
-@dataclass
 class JobContext:
-    """What a running job may use: a session (planner + executor), the run's metrics, and its
-    checkpoints (an iterative job restores its state from them and ticks them each iteration)."""
+    """What a running job may use, and all it may use: the workers it plans for, its programs
+    run (``compute``, ``load``, ``persist``, ``release``), small arrays read on the driver
+    (``read_whole``), its stages and progress (``stage``, ``iteration``), its checkpoints
+    (``restore``, ``checkpoint``) and the outputs the workers write (``writing``,
+    ``count_writes``). The session, metrics and checkpoints behind it are arrayjob's own:
+    a job that reached past these methods would break when they change."""
 
-    session: Session
-    metrics: RunMetrics
-    storage: StorageOptions = field(default_factory=StorageOptions)
-    result: ResultGroup | None = None  # where big outputs are written by the workers
-    checkpoints: Checkpoints = field(default_factory=Checkpoints)
-    output_format: str = "zarr"  # ``[output] format``: "parquet" writes per-row outputs as tables
-    _targets: dict[str, ArrayInfo | TableTarget] = field(default_factory=dict, repr=False)
-
-    # what a job does through its context: each call is the session's or the run's own
+    def __init__(self, session: Session, metrics: RunMetrics, storage: StorageOptions | None = None,
+                 result: ResultGroup | None = None, checkpoints: Checkpoints | None = None,
+                 output_format: str = "zarr") -> None:
+        self._session = session
+        self._metrics = metrics
+        self._result = result  # where big outputs are written by the workers
+        self._checkpoints = checkpoints if checkpoints is not None else Checkpoints()
+        self._targets: dict[str, ArrayInfo | TableTarget] = {}
+        self.storage = storage or StorageOptions()  # how the inputs' storage is reached
+        self.output_format = output_format  # ``[output] format``: "parquet" writes per-row outputs as tables
 
     @property
     def workers(self) -> int:
         """The workers (CPUs) the run plans for: what ``Job.stages`` is given."""
-        return self.session.options.cluster.workers
+        return self._session.options.cluster.workers
+
+    @property
+    def writes_result(self) -> bool:
+        """Whether this run has a result.zarr the workers write big outputs into (``writing``).
+        False when a job is run in-process without one (a test's run): return the outputs as
+        arrays of the ``JobResult`` instead."""
+        return self._result is not None
 
     def compute(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None
                 ) -> dict[str, np.ndarray]:
         """Plan (cached by the program's structure) and run ``outputs``; ``values`` binds each
         ``value(name, ...)`` of the program. Returns the outputs as NumPy arrays."""
-        return self.session.compute(outputs, values)
+        return self._session.compute(outputs, values)
 
     def load(self, outputs: Mapping[str, BlockArray]) -> None:
         """Read the stored blocks ``outputs`` need into the workers' memory, before the fit."""
-        self.session.load(outputs)
+        self._session.load(outputs)
 
     def persist(self, outputs: Mapping[str, BlockArray], values: Mapping[str, Any] | None = None,
                 handle: str | None = None) -> dict[str, BlockArray]:
         """Run ``outputs`` and keep their blocks on the workers; later programs read them as
-        the returned lazy arrays. ``release`` frees them."""
-        return self.session.persist(outputs, values, handle)
+        the returned lazy arrays (or as ``cached("<handle>:<output>")``). ``release`` frees them."""
+        return self._session.persist(outputs, values, handle)
 
     def release(self, arrays: Mapping[str, BlockArray]) -> None:
         """Free the kept blocks of ``arrays`` (made by ``persist``)."""
-        self.session.release(arrays)
+        self._session.release(arrays)
+
+    def read_whole(self, info: ArrayInfo) -> np.ndarray:
+        """Read a small input (initial centroids, a model's coefficients) on the driver, its
+        bytes and requests counted in the report."""
+        return read_whole(info, self.storage, self._metrics)
 
     def stage(self, name: str) -> Any:
-        """``with ctx.stage("fit"):`` — time and count what runs inside as that stage of the report."""
-        return self.metrics.stage(name)
+        """``with ctx.stage("fit"):`` — time and count what runs inside as that stage of the
+        report. Use the stage names the job's ``StagePlan`` declares."""
+        return self._metrics.stage(name)
 
     def iteration(self, iteration: int, max_iter: int, **figures: float) -> None:
-        """Report progress: ``iteration`` (from 1) of at most ``max_iter``, with figures such as
-        ``objective=`` or ``gradient_norm=``."""
-        self.metrics.iteration(iteration, max_iter, **figures)
+        """Report progress: ``iteration`` (from 1) of at most ``max_iter``, with named figures
+        (floats) such as ``objective=``, ``gradient_norm=`` or ``shift=``; each is shown in the
+        progress line and kept in the report's iteration history."""
+        self._metrics.iteration(iteration, max_iter, **figures)
 
     def restore(self) -> Checkpoint | None:
         """The checkpoint a dead run of this spec left, to go on from (call once, after load)."""
-        return self.checkpoints.restore()
+        return self._checkpoints.restore()
 
     def checkpoint(self, iteration: int, state: Mapping[str, Any]) -> None:
         """The end of ``iteration``: save ``state`` (NumPy arrays and JSON scalars) if due
         (``[run] checkpoint_every``)."""
-        self.checkpoints.tick(iteration, dict(state))
+        self._checkpoints.tick(iteration, dict(state))
 
     def writing(self, p: Pass) -> dict[str, BlockArray]:
         """The program of ``p`` with its ``writes`` written by the workers into result.zarr (each
         array created once per run), or a per-row output, if the output's format is Parquet,
         as ``<name>/part-*.parquet`` beside it (``Written.target``)."""
-        assert self.result is not None, f"pass {p.name} writes {', '.join(p.writes)}: the run needs a result"
+        assert self._result is not None, f"pass {p.name} writes {', '.join(p.writes)}: the run needs a result"
         for name, w in p.writes.items():
             if name in self._targets:
                 continue
-            target = w.target(name, self.result.location, self.output_format)
+            target = w.target(name, self._result.location, self.output_format)
             if isinstance(target, TableTarget):
                 self._targets[name] = target
             else:
-                self._targets[name] = self.result.create_array(name, shape=w.shape, chunks=w.chunks, dtype=w.dtype)
+                self._targets[name] = self._result.create_array(name, shape=w.shape, chunks=w.chunks, dtype=w.dtype)
         return p.writing(self._targets, self.storage)
 
     def count_writes(self, p: Pass, results: Mapping[str, np.ndarray]) -> int:
@@ -205,7 +223,7 @@ class JobContext:
         written = 0
         for name in p.writes:
             counts = [int(c) for c in results[name]] + [0, 0]
-            self.metrics.count_storage(StorageCounters(bytes_written=counts[0], put_requests=counts[1],
+            self._metrics.count_storage(StorageCounters(bytes_written=counts[0], put_requests=counts[1],
                                                        bytes_read=counts[2], get_requests=counts[3]))
             written += counts[0]
         return written

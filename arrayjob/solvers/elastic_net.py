@@ -50,12 +50,12 @@ def solve(ctx: JobContext, evaluation: dict[str, la.BlockArray], n: int, d: int,
 
     def sums(theta: np.ndarray) -> Totals:
         values = {"w": theta[:d]} | ({"b": theta[d]} if fit_intercept else {})
-        r = ctx.session.compute(evaluation, values)
+        r = ctx.compute(evaluation, values)
         grad = np.concatenate([r["grad_w"], [r["grad_b"]]] if fit_intercept else [r["grad_w"]])
         return float(r["loss"]), grad, None, float(r["weight_sum"]) if "weight_sum" in r else float(n)
 
     evaluate = Evaluator(sums, Penalty(l1, l2, d))
-    fitted = fit(evaluate, np.zeros(d + fit_intercept), saved=ctx.checkpoints.restore(), tol=tol, max_iter=max_iter,
+    fitted = fit(evaluate, np.zeros(d + fit_intercept), saved=ctx.restore(), tol=tol, max_iter=max_iter,
                  ctx=ctx, relative=True)
     coef = fitted.theta[:d]
     intercept = float(fitted.theta[d]) if fit_intercept else 0.0

@@ -145,9 +145,9 @@ def fit(evaluate: Evaluator, x0: np.ndarray, *, saved: Checkpoint | None, tol: f
         target = tol * norm(state) if relative else tol
 
     def save(state: lbfgs.LBFGSState) -> None:
-        ctx.metrics.iteration(state.iteration, max_iter, objective=state.f, gradient_norm=norm(state))
-        ctx.checkpoints.tick(state.iteration, state.as_dict() | {"evaluations": evaluate.evaluations, "target": target,
-                                                                 "weight_sum": evaluate.weight_sum})
+        ctx.iteration(state.iteration, max_iter, objective=state.f, gradient_norm=norm(state))
+        ctx.checkpoint(state.iteration, state.as_dict() | {"evaluations": evaluate.evaluations, "target": target,
+                                                           "weight_sum": evaluate.weight_sum})
 
     if solver == "owlqn":
         penalty = evaluate.penalty

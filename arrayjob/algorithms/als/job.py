@@ -92,7 +92,6 @@ from arrayjob.api import (
     StagePlan,
     open_array_info,
     parse_uri,
-    read_whole,
     require,
     require_numeric,
 )
@@ -341,7 +340,7 @@ class ALS(Job):
         p = self.params
         if p.init == "random":
             return np.random.default_rng(p.seed).standard_normal((self.items, p.rank)) / math.sqrt(p.rank)
-        factors = read_whole(self.init_array, self.storage, ctx.metrics).astype(np.float64)
+        factors = ctx.read_whole(self.init_array).astype(np.float64)
         if not np.isfinite(factors).all():
             raise InputError("params.init: the initial item factors hold NaN or infinite values")
         return factors
@@ -356,21 +355,21 @@ class ALS(Job):
 
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
-        workers = ctx.session.options.cluster.workers
+        workers = ctx.workers
         plan = self.stages(workers)
-        with ctx.metrics.stage("load"):
+        with ctx.stage("load"):
             # R's row blocks are read by the split (and stay for the users' passes); its pieces
             # are kept, not held as results, so the budget's split of R does not count them
-            pieces = ctx.session.persist(plan["split"], handle=PIECES)
+            pieces = ctx.persist(plan["split"], handle=PIECES)
             blocks = {"item_blocks": np.arange(self._item_blocks(workers)[1], dtype=np.int64),
                       "user_blocks": np.arange(self._user_blocks(workers)[1], dtype=np.int64)}
-            kept = ctx.session.persist(plan["layout"], blocks, handle=COLUMNS)
-            ctx.session.release(pieces)
+            kept = ctx.persist(plan["layout"], blocks, handle=COLUMNS)
+            ctx.release(pieces)
             # kept as the declared programs read them
             layouts = {side: self._kept(side, workers) for side in kept}
             for arrays, declared in ((pieces, self._kept_pieces(workers)), (kept, layouts)):
                 assert {k: a.attrs for k, a in arrays.items()} == {k: a.attrs for k, a in declared.items()}
-            saved = ctx.checkpoints.restore()  # the factors after an iteration
+            saved = ctx.restore()  # the factors after an iteration
             if saved is None:
                 y, x, objective, iterations = self.initial(ctx), None, [], 0
             else:
@@ -378,17 +377,17 @@ class ALS(Job):
                 y, x = st["item_factors"], st["user_factors"]
                 objective, iterations = [float(v) for v in st["objective"]], int(st["iteration"])
         users, items = plan["users"], plan["items"]
-        with ctx.metrics.stage(plan.stage_of("users")):
+        with ctx.stage(plan.stage_of("users")):
             while iterations < p.max_iter:
-                x = ctx.session.compute(users, {"item_factors": y, **self._gram("item_gram", y)})["user_factors"]
-                r = ctx.session.compute(items, {"user_factors": x, **self._gram("user_gram", x)})
+                x = ctx.compute(users, {"item_factors": y, **self._gram("item_gram", y)})["user_factors"]
+                r = ctx.compute(items, {"user_factors": x, **self._gram("user_gram", x)})
                 y = r["item_factors"]
                 objective.append(self.objective(r["terms"], x, y))
                 iterations += 1
-                ctx.metrics.iteration(iterations, p.max_iter, objective=objective[-1])
-                ctx.checkpoints.tick(iterations, {"user_factors": x, "item_factors": y,
-                                                  "objective": np.array(objective), "iteration": iterations})
-        ctx.session.release(kept)
+                ctx.iteration(iterations, p.max_iter, objective=objective[-1])
+                ctx.checkpoint(iterations, {"user_factors": x, "item_factors": y,
+                                            "objective": np.array(objective), "iteration": iterations})
+        ctx.release(kept)
         assert x is not None  # max_iter >= 1
         attrs = {"objective": objective, "iterations": iterations, "rank": p.rank, "l2": p.l2,
                  "implicit": p.implicit, **({"alpha": p.alpha} if p.implicit else {})}

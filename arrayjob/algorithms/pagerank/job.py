@@ -295,12 +295,12 @@ class PageRank(Job):
     def run(self, ctx: JobContext) -> JobResult:
         p = self.params
         E = self._edge_array.shape[0]
-        workers = ctx.session.options.cluster.workers
-        with ctx.metrics.stage("load"):
+        workers = ctx.workers
+        with ctx.stage("load"):
             if self.csr:
                 n = self._nodes_for_planning()
             else:
-                r = ctx.session.compute(self.stages(workers)["id_range"])  # the programs after it need n
+                r = ctx.compute(self.stages(workers)["id_range"])  # the programs after it need n
                 ids = np.array([r["lo"][0], r["hi"][1]])
                 n = p.n_nodes or int(ids[1]) + 1
                 require(E == 0 or ids[0] >= 0, f"inputs.edges: node ids must be >= 0, found {int(ids[0])}")
@@ -311,21 +311,21 @@ class PageRank(Job):
             values = {"block_ids": np.arange(-(-n // block), dtype=np.int64)}
             if self.csr:
                 values["chunk_starts"] = np.arange(0, max(E, 1), self._edge_array.chunks[0], dtype=np.int64)
-            out_edges = ctx.session.compute(plan["count"])["out_edges"]
+            out_edges = ctx.compute(plan["count"])["out_edges"]
             labels = degree_order(out_edges, block)
-            kept = ctx.session.persist(plan["build"], values | {"labels": labels}, handle=BUILT)
-            outdeg = ctx.session.compute(plan["degree"])["d"]
+            kept = ctx.persist(plan["build"], values | {"labels": labels}, handle=BUILT)
+            outdeg = ctx.compute(plan["degree"])["d"]
             dangling = outdeg == 0
             inverse = np.where(dangling, 0.0, 1.0 / np.where(dangling, 1.0, outdeg))
-            graph = ctx.session.persist(plan["scale"], {"inverse_degree": inverse, "dangling": dangling},
-                                        handle=SCALED)
+            graph = ctx.persist(plan["scale"], {"inverse_degree": inverse, "dangling": dangling},
+                                handle=SCALED)
             blocks = kept["graph"].shape[0]
             for handle, arrays, nbytes in ((BUILT, kept, self._graph_block_bytes(n, blocks)),
                                            (SCALED, graph, self._graph_block_bytes(n, blocks, scaled=True))):
                 declared = self._kept(handle, arrays["graph"], nbytes)  # as the declared programs read them
                 assert arrays["graph"].attrs == declared.attrs, (arrays["graph"].attrs, declared.attrs)
-            ctx.session.release(kept)
-            saved = ctx.checkpoints.restore()  # the rank vector after an iteration (in the new numbering)
+            ctx.release(kept)
+            saved = ctx.restore()  # the rank vector after an iteration (in the new numbering)
         step = plan["iterate"]
         if saved is None:
             rank = np.full(n, 1.0 / n)
@@ -335,16 +335,16 @@ class PageRank(Job):
             st = saved.state
             rank, dangling_mass, delta = st["rank"], float(st["dangling_mass"]), float(st["l1_change"])
             converged, iterations = bool(st["converged"]), int(st["iteration"])
-        with ctx.metrics.stage(plan.stage_of("iterate")):
+        with ctx.stage(plan.stage_of("iterate")):
             while not converged and iterations < p.max_iter:
                 base = (p.damping * dangling_mass + 1.0 - p.damping) / n
-                r = ctx.session.compute(step, {"rank": rank, "base": base})
+                r = ctx.compute(step, {"rank": rank, "base": base})
                 rank, (delta, dangling_mass) = r["rank"], (float(v) for v in r["stats"].sum(axis=0))
                 iterations, converged = iterations + 1, delta <= p.tol
-                ctx.metrics.iteration(iterations, p.max_iter, l1_change=delta, tol=p.tol)
-                ctx.checkpoints.tick(iterations, {"rank": rank, "dangling_mass": dangling_mass, "l1_change": delta,
-                                                  "iteration": iterations, "converged": converged})
-        ctx.session.release(graph)
+                ctx.iteration(iterations, p.max_iter, l1_change=delta, tol=p.tol)
+                ctx.checkpoint(iterations, {"rank": rank, "dangling_mass": dangling_mass, "l1_change": delta,
+                                            "iteration": iterations, "converged": converged})
+        ctx.release(graph)
         rank = by_node_id(rank, labels)
         rank /= rank.sum()
         attrs = {"iterations": iterations, "converged": converged, "l1_change": delta, "n_nodes": n,
