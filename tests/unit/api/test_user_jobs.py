@@ -62,10 +62,16 @@ def faulty(workdir: Path):
 # -- the public surface -------------------------------------------------------------------------------
 
 
+BUILTIN_SOURCES = sorted((REPO / "arrayjob" / "algorithms").rglob("*.py")) + \
+    sorted((REPO / "arrayjob" / "solvers").rglob("*.py"))
+
+
 def test_the_builtin_jobs_import_only_the_api():
-    """Every import of arrayjob in arrayjob/jobs names arrayjob.api or another job module (the
-    import contract jobs-use-the-api in pyproject.toml says the same to lint-imports)."""
-    for path in sorted((REPO / "arrayjob" / "jobs").glob("*.py")):
+    """Every import of arrayjob in arrayjob/algorithms and arrayjob/solvers names arrayjob.api
+    or another built-in module (the import contract jobs-use-the-api in pyproject.toml says the
+    same to lint-imports)."""
+    assert len(BUILTIN_SOURCES) > 20, "the built-in jobs were not found"
+    for path in BUILTIN_SOURCES:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
@@ -73,7 +79,28 @@ def test_the_builtin_jobs_import_only_the_api():
                 if name == "arrayjob" and isinstance(node, ast.ImportFrom):
                     assert [a.name for a in node.names] == ["api"], (path.name, ast.unparse(node))
                 elif name.startswith("arrayjob."):
-                    assert name == "arrayjob.api" or name.startswith("arrayjob.algorithms"), (path.name, name)
+                    assert name == "arrayjob.api" or name.startswith(("arrayjob.algorithms", "arrayjob.solvers")), \
+                        (path.name, name)
+
+
+def test_the_builtin_jobs_use_only_what_the_job_context_exposes():
+    """A built-in reaches nothing behind ``JobContext``: every ``ctx.<name>`` it writes is a
+    public member of the context, so a user's job can do whatever a built-in does."""
+    import inspect
+    import textwrap
+
+    init = ast.parse(textwrap.dedent(inspect.getsource(api.JobContext.__init__)))
+    fields = {node.attr for node in ast.walk(init) if isinstance(node, ast.Attribute)
+              and isinstance(node.value, ast.Name) and node.value.id == "self" and isinstance(node.ctx, ast.Store)}
+    public = {name for name in {*dir(api.JobContext), *fields} if not name.startswith("_")}
+    used: dict[str, set[str]] = {}
+    for path in BUILTIN_SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ctx":
+                used.setdefault(node.attr, set()).add(path.name)
+    assert used, "no built-in job uses its context"
+    hidden = {name: sorted(files) for name, files in used.items() if name not in public}
+    assert not hidden, f"built-in jobs reach past JobContext: {hidden}"
 
 
 def test_the_api_is_versioned_and_every_name_is_documented():
