@@ -14,7 +14,7 @@ import pytest
 import zarr
 from sklearn.linear_model import LogisticRegression
 
-from tests.autoscale.conftest import HERE, IDLE_TIMEOUT, cluster_env, wait_for_workers, workers
+from tests.system.autoscale.conftest import HERE, IDLE_TIMEOUT, cluster_env, wait_for_workers, workers
 from tests.harness.helpers import read_result
 
 # 194 MB of X (10 blocks of 19.2 MB) and y: over 100 MB object stores (80 MB usable), 3 nodes

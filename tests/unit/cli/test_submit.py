@@ -131,7 +131,7 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.fail("these tests need unshare and ip (util-linux, iproute2) and root")
     out = tmp_path_factory.mktemp("submit") / "cases.json"
-    script = f"ip link set lo up && exec {sys.executable} {REPO / 'tests' / 'submit_cases.py'} --out {out}"
+    script = f"ip link set lo up && exec {sys.executable} {REPO / 'tests' / 'harness' / 'submit_cases.py'} --out {out}"
     cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "bash", "-c", script]
     # unshare and the namespace's first process are one process group: the rest die with it
     run_in_own_session(cmd, timeout=840, what="the submit cases", cwd=REPO)
