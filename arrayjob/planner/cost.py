@@ -371,18 +371,15 @@ class TaskClasses:
     plan's costing or placement (its key holds the kernel itself, alive as long as the plan)."""
 
     def __init__(self) -> None:
-        self._work: dict[tuple[object, ...], Counter[str]] = {}
+        # the kernel is kept beside its work, so the id() in the key is never reused meanwhile
+        self._work: dict[tuple[object, ...], tuple[object, Counter[str]]] = {}
 
     def work(self, task: Task, in_shapes: list[tuple[int, ...]], in_density: list[float]) -> Counter[str]:
         key = (id(task.kernel), tuple(in_shapes), tuple(in_density), task.out_bytes)
         found = self._work.get(key)
         if found is None:
-            found = self._work[key] = task_work(task, in_shapes, in_density)
-            self._work[key + ("kernel",)] = task.kernel  # type: ignore[assignment]  # keeps id() unique
-        return found
-
-    def __len__(self) -> int:
-        return len(self._work) // 2
+            found = self._work[key] = (task.kernel, task_work(task, in_shapes, in_density))
+        return found[1]
 
 
 def network_seconds(moved: float, busiest: float, nodes: int, rate: float) -> float:

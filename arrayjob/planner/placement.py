@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from arrayjob.planner.cost import (
     ClusterLoad,
+    TaskClasses,
     Trial,
     block_shape,
-    TaskClasses,
     network_seconds,
     work_seconds,
 )
