@@ -27,7 +27,7 @@ from arrayjob.lazy import capture
 from arrayjob.planner.cost import BlockKey, network_seconds, physical_cost
 from arrayjob.planner.memory import KeptBlock, MemoryBudget, MemoryModel, StoredKey
 from arrayjob.planner.physical import CachedBlock, SourceBlock, WriteBlock
-from arrayjob.planner.pipeline import budget_block_target, make_plan
+from arrayjob.planner.pipeline import Planner, budget_block_target
 from arrayjob.planner.plan import ClusterShape, PlanOptions
 from arrayjob.planner.residency import Residency, StreamRates, intermediate_peak
 from arrayjob.planner.schedule import makespan
@@ -229,7 +229,8 @@ def stream_rates(profile: MachineProfile) -> StreamRates:
                        task_seconds=profile.task_overhead_seconds)
 
 
-def job_block_target(job: Any, options: PlanOptions, budget: int, *, repeats: int, rates: StreamRates) -> int:
+def job_block_target(job: Any, options: PlanOptions, budget: int, *, repeats: int, rates: StreamRates,
+                     planner: Planner | None = None) -> int:
     """The target block size ``run`` and ``estimate`` tile ``job`` with under ``budget`` bytes
     per node (``planner.pipeline.budget_block_target`` over the job's passes, each as often as
     it runs in ``repeats`` iterations)."""
@@ -238,7 +239,7 @@ def job_block_target(job: Any, options: PlanOptions, budget: int, *, repeats: in
         return options.target_block_bytes
     programs = [(capture(list(p.program.values())), p.runs.times(repeats))
                 for p in job.stages(options.cluster.workers).passes]
-    return budget_block_target(programs, options, budget, inputs, repeats=repeats, rates=rates)
+    return budget_block_target(programs, options, budget, inputs, repeats=repeats, rates=rates, planner=planner)
 
 
 def budget_bytes(spec: Any, instance: Instance, store_bytes: int | None = None) -> int:
@@ -287,8 +288,9 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
         if job.iterations_assumed(done)[0] == done != assumed:
             assumed, source = done, f"the iterations of this spec's last {len(history.records)} run(s)"
     rates = rates or stream_rates(profile)
-    options = dataclasses.replace(options, target_block_bytes=job_block_target(job, options, budget,
-                                                                               repeats=assumed, rates=rates))
+    planner = Planner()  # the block size's trial plans, of which the chosen one is this estimate's
+    target = job_block_target(job, options, budget, repeats=assumed, rates=rates, planner=planner)
+    options = dataclasses.replace(options, target_block_bytes=target)
     declared = job.stages(cluster.workers)
     load = StageEstimate("load")
     # stored blocks are read in "load"; each pass is priced in the stage the job declares for it
@@ -315,7 +317,7 @@ def estimate_job(job: Any, spec: Any, *, nodes: int, instance: Instance, prices:
     table_writes = StorageCounters()  # per-row outputs as Parquet: a file per store task, as planned
     for p in declared.passes:
         program = p.writing(targets, spec.storage)
-        plan = make_plan(capture(list(program.values())), options)
+        plan = planner.plan(capture(list(program.values())), options)
         assert plan.physical is not None and plan.cost is not None
         physical = plan.physical
         for task in physical.tasks:

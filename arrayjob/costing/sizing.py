@@ -147,11 +147,17 @@ def _memory_count(price: _Pricer, floor: int, limit: int) -> int:
     usable = usable_bytes(price.instance)
     # the plan's bytes spread evenly: no fewer nodes can hold it
     start = max(floor, 1, math.ceil(sum(price(1).peak_bytes_per_node) / max(1, usable)))
-    n = start
+    # more nodes hold no more per node: probe counts at doubling steps, then halve the gap
+    # between the last that failed and the first that fits (a count's estimate plans the job)
+    last = max(limit, start + 8)
+    failed, n, step = start - 1, start, 1
     while not price.fits(n):
-        if n >= max(limit, start + 8):
+        if n >= last:
             return start
-        n += 1
+        failed, n, step = n, min(last, n + step), step * 2
+    while n - failed > 1:
+        middle = (failed + n) // 2
+        failed, n = (failed, middle) if price.fits(middle) else (middle, n)
     # a plan whose peak does not fall evenly with the count may fit below the even bound
     while n - 1 >= max(floor, 1) and price.fits(n - 1):
         n -= 1

@@ -90,7 +90,8 @@ BLOCKS_PER_BUDGET = (BUDGET_BLOCKS, 6, 4, 3, 2)
 
 
 def budget_block_target(programs: Sequence[tuple[Graph, int]], options: PlanOptions, budget: int,
-                        input_bytes: int, *, repeats: int, rates: StreamRates) -> int:
+                        input_bytes: int, *, repeats: int, rates: StreamRates,
+                        planner: Planner | None = None) -> int:
     """The tiling's target block size for a job whose inputs exceed ``budget`` bytes per node,
     from the plans of its ``programs`` (each with the times it runs) with blocks of an eighth
     of the budget up to a half: the one whose runs cost least, the bytes they stream at their
@@ -99,7 +100,9 @@ def budget_block_target(programs: Sequence[tuple[Graph, int]], options: PlanOpti
     about 3 ms of a worker on a 2-core node, where mapping a block of the spill from the page
     cache costs next to nothing. Programs that read no stored blocks are not weighed; blocks
     some program could not fit even streamed are not chosen. ``options.target_block_bytes``
-    when the inputs fit."""
+    when the inputs fit. ``planner``: the plans are made through it, so that the caller's own
+    plan of the chosen size is not made again."""
+    plan_of = (planner or Planner()).plan
     default = options.target_block_bytes
     if input_bytes <= budget:
         return default
@@ -114,7 +117,7 @@ def budget_block_target(programs: Sequence[tuple[Graph, int]], options: PlanOpti
         seconds = 0.0
         try:
             for graph, runs in programs:
-                physical = make_plan(graph, dataclasses.replace(options, target_block_bytes=target)).physical
+                physical = plan_of(graph, dataclasses.replace(options, target_block_bytes=target)).physical
                 assert physical is not None
                 if not any(isinstance(a, SourceBlock) for t in physical.tasks for a in t.args):
                     continue
