@@ -85,8 +85,10 @@ deploy-examples: $(VENV)/.installed-test
 # arrayjob against its peers (Spark MLlib among them: bench-java below) and the machine's limits,
 # then jobs bigger than the object store, then sparse X against scikit-learn and Spark, then the
 # models against scikit-learn and Spark, then Parquet loads against pyarrow, then the learning
-# estimate (each shipped config four times on small data, whatever BENCH_SIZE). The peers' and
-# sparse rows land in benchmarks/results/, from which benchmarks/table.py writes docs/benchmarks.md.
+# estimate (each shipped config four times on small data, whatever BENCH_SIZE), then plan and
+# estimate at cluster sizes from metadata (benchmarks/scale.py: up to 10^5 chunks, 1,000 nodes,
+# two minutes per command at most). The peers', sparse and scale
+# rows land in benchmarks/results/, from which benchmarks/table.py writes docs/benchmarks.md.
 # bench.py's full size takes about 10 minutes on 2 cores (the sparse rows' full size is not timed
 # yet); `make bench BENCH_SIZE=quick` a few. models.py's full size (4M rows) wants a quiet machine.
 BENCH_SIZE ?= full
@@ -104,6 +106,7 @@ bench: $(VENV)/.installed-bench bench-java
 		--markdown .arrayjob/bench/parquet-$(BENCH_SIZE).md
 	$(BIN)/python benchmarks/estimate_learning.py --size quick --json .arrayjob/bench/estimate-learning.json \
 		--markdown .arrayjob/bench/estimate-learning.md
+	$(BIN)/python benchmarks/scale.py --json benchmarks/results/scale.json
 	$(BIN)/python benchmarks/table.py
 
 # Spark MLlib, the peer of bench.py's spark rows (pyspark is in the bench extra), runs on Java >= 17:

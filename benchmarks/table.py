@@ -69,9 +69,36 @@ def rows_of(path: Path) -> list[str]:
     return lines
 
 
+SCALE = RESULTS / "scale.json"  # benchmarks/scale.py's rows, a table of their own
+
+SCALE_HEADER = """
+## Planning at cluster sizes
+
+`arrayjob estimate` (with `cluster.max_nodes` = the nodes, its sizing search included) and
+`arrayjob plan --nodes N --workers-per-node 16` of a logistic regression over metadata-only
+Zarr arrays (100 features, chunks of 1,000,000 rows), each command in a process of its own.
+Targets: the 80 TB estimate at 1,000 nodes within 10 s and 1 GB, its plan within 5 s, the
+0.8 TB estimate within 3 s. Measured by `.venv/bin/python benchmarks/scale.py --json
+benchmarks/results/scale.json`{run}.
+
+"""
+
+
+def scale_table() -> str:
+    """The scale benchmark's table, or nothing before it has run."""
+    if not SCALE.exists():
+        return ""
+    doc = json.loads(SCALE.read_text(encoding="utf-8"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from scale import markdown  # the benchmark's own table
+
+    run = f" at `{doc['commit']}` on {str(doc['date'])[:10]} ({doc['machine']})"
+    return SCALE_HEADER.format(run=run) + markdown(doc["rows"])
+
+
 def render() -> str:
-    body = [line for path in sorted(RESULTS.glob("*.json")) for line in rows_of(path)]
-    return HEADER + "\n".join(body) + "\n"
+    body = [line for path in sorted(RESULTS.glob("*.json")) if path != SCALE for line in rows_of(path)]
+    return HEADER + "\n".join(body) + "\n" + scale_table()
 
 
 def main() -> int:

@@ -202,7 +202,8 @@ class _Lowering:
             raise ValueError(f"kernel {kernel.name}: {problem}")
 
         own_cut = {v: set(self.part_classes(v)) for v in kernel.outputs}
-        block_kernel = self.block_kernel(kernel, external)
+        # one kernel object for all of its block tasks: costing finds a class's work by it
+        block_kernel = Kernel(kernel.name, self.block_kernel(kernel, external))
         order = sorted(space)
         per_output: dict[int, dict[tuple[int, ...], list[TaskResult]]] = {v: defaultdict(list) for v in kernel.outputs}
         for idx in itertools.product(*(range(space[c]) for c in order)):
@@ -228,7 +229,7 @@ class _Lowering:
                 out_shapes.append(tuple(b - a for a, b in _block_selection(self.grids[v], bidx)))
             out_bytes = [math.prod(shape) * np.dtype(g.nodes[v].dtype).itemsize
                          for shape, v in zip(out_shapes, kernel.outputs, strict=True)]
-            task = Task(f"{kernel.name}#{k}[{where}]", Kernel(kernel.name, block_kernel), tuple(args),
+            task = Task(f"{kernel.name}#{k}[{where}]", block_kernel, tuple(args),
                         num_outputs=len(kernel.outputs), out_shapes=tuple(out_shapes), out_bytes=tuple(out_bytes))
             self.tasks.append(task)
             for p, v in enumerate(kernel.outputs):
@@ -326,9 +327,10 @@ class _Lowering:
         """Combine a block's partials (``reduction.combine_tree``); each combine task is marked
         as a step of the tree ``name``, which placement may rebuild."""
         count = iter(range(len(parts)))
+        kernel = Kernel(f"{fn}_partials", Combine(fn))  # shared by the tree's tasks
 
         def combine(group: list[TaskResult], level: int, final: bool) -> TaskResult:
-            task = Task(f"combine {name}.{level}.{next(count)}", Kernel(f"{fn}_partials", Combine(fn)),
+            task = Task(f"combine {name}.{level}.{next(count)}", kernel,
                         tuple(group), out_shapes=(shape,), out_bytes=(nbytes,),
                         reduction=ReductionStep(name, level))
             self.tasks.append(task)

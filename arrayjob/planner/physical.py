@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -222,6 +222,8 @@ class PhysicalPlan:
     sources: tuple[InputArray, ...]
     tasks: tuple[Task, ...]  # in dependency order
     outputs: tuple[TaskResult, ...]  # the results that return to the driver
+    # each stored block's bytes once read, found once per block (costing asks per task)
+    _block_bytes: dict[SourceBlock, int] = field(default_factory=dict, compare=False, repr=False)
 
     def source(self, name: str) -> InputArray:
         for s in self.sources:
@@ -237,8 +239,11 @@ class PhysicalPlan:
 
     def block_bytes(self, block: SourceBlock) -> int:
         """The bytes stored block ``block`` takes in memory once read (a sparse one: its non-zeros)."""
-        source = self.source(block.array)
-        return source.array.block_nbytes(source.grid.selection(block.index))
+        found = self._block_bytes.get(block)
+        if found is None:
+            source = self.source(block.array)
+            found = self._block_bytes[block] = source.array.block_nbytes(source.grid.selection(block.index))
+        return found
 
     def density(self, arg: object) -> float:
         """An argument's fraction of non-zeros: a sparse source block's; 1 for anything else."""
